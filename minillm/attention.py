@@ -1,0 +1,64 @@
+"""Attention over the KV pool, read through block tables.
+
+Per-step metadata travels as an argument (AttentionMetadata), never through a global context:
+    slot_mapping (B, T)  where each new token's K/V are written (-1: padding, not written)
+    block_tables (B, M)  the blocks each sequence owns, in order (padding entries are never read)
+    context_lens (B,)    how many cached tokens each sequence has once this step's are written
+A query at position p may look at cached positions j <= p and j < context_len. That one rule covers
+prefill (T new tokens), decode (T = 1), chunked prefill and speculative verification.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor   # (B, T) int64
+    block_tables: torch.Tensor   # (B, M) int64
+    context_lens: torch.Tensor   # (B,) int64
+    positions: torch.Tensor      # (B, T) int64, the query tokens' positions
+
+    @classmethod
+    def build(cls, positions, block_tables, context_lens, block_size: int, valid=None):
+        """Derive slots from positions: slot = block_tables[b, p // block_size] * block_size + p % block_size.
+        positions: (B, T); block_tables: (B, M); context_lens: (B,); valid: (B, T) bool, False for padding."""
+        blk = torch.gather(block_tables, 1, positions // block_size)      # (B, T)
+        slots = blk * block_size + positions % block_size                 # (B, T)
+        if valid is not None:
+            slots = torch.where(valid, slots, torch.full_like(slots, -1))
+        return cls(slots, block_tables, context_lens, positions)
+
+
+def gather_kv(pool, block_tables, n_ctx: int):
+    """The first n_ctx cached positions of each sequence, in order.
+    pool: (num_blocks, block_size, Hkv, D); block_tables: (B, M) -> (B, n_ctx, Hkv, D)."""
+    block_size = pool.shape[1]
+    n_blocks = -(-n_ctx // block_size)
+    if block_tables.shape[0] == 1 and n_blocks == 1:   # one sequence in one block (the contiguous cache): a view
+        return pool[int(block_tables[0, 0]), :n_ctx].unsqueeze(0)           # (1, n_ctx, Hkv, D)
+    blocks = pool[block_tables[:, :n_blocks]]           # (B, n_blocks, block_size, Hkv, D)
+    return blocks.flatten(1, 2)[:, :n_ctx]              # (B, n_ctx, Hkv, D)
+
+
+def paged_attention(q, k_pool, v_pool, attn: AttentionMetadata):
+    """softmax(q k^T / sqrt(D) + mask) v over each sequence's cached context.
+    q: (B, T, H, D); k_pool, v_pool: (num_blocks, block_size, Hkv, D) -> (B, T, H, D)."""
+    B, T, H, D = q.shape
+    n_ctx = int(attn.context_lens.max())
+    k = gather_kv(k_pool, attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
+    v = gather_kv(v_pool, attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
+    Hkv = k.shape[2]
+    qg = q.view(B, T, Hkv, H // Hkv, D).permute(0, 2, 3, 1, 4)   # (B, Hkv, H/Hkv, T, D): heads grouped by KV head
+    kt = k.permute(0, 2, 3, 1).unsqueeze(2)                       # (B, Hkv, 1, D, S)
+    scores = (qg @ kt) / math.sqrt(D)                             # (B, Hkv, H/Hkv, T, S)
+    j = torch.arange(n_ctx, device=q.device)                      # (S,)
+    allowed = (j[None, None, :] <= attn.positions[:, :, None]) & (j[None, None, :] < attn.context_lens[:, None, None])  # (B, T, S)
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)                         # (B, Hkv, H/Hkv, T, S)
+    probs = torch.nan_to_num(probs)                               # a padded query row sees no key: zeros, not NaN
+    y = probs @ v.permute(0, 2, 1, 3).unsqueeze(2)                # (B, Hkv, H/Hkv, T, D)
+    return y.permute(0, 3, 1, 2, 4).reshape(B, T, H, D)           # (B, T, H, D)

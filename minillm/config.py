@@ -1,0 +1,128 @@
+"""Configuration dataclasses: the model's shape (ModelConfig) and the engine's options (EngineConfig).
+
+Config is plain data: derived fields are computed in __post_init__, mistakes are caught there with a
+message that names the value (gpt-fast `ModelArgs`, nano-vllm `Config`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Optional
+
+
+@dataclass
+class ModelConfig:
+    dim: int = 288                 # C, the residual stream width
+    hidden_dim: int = 768          # SwiGLU inner width
+    n_layers: int = 6
+    n_heads: int = 6               # H, query heads
+    n_kv_heads: Optional[int] = None   # Hkv; None means n_heads (multi-head attention)
+    vocab_size: int = 32000        # V
+    max_seq_len: int = 256         # the context length
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    shared_classifier: bool = True # output head tied to the token embedding (llama2.c's default)
+    dropout: float = 0.0           # training only
+    head_dim: int = field(init=False)  # D
+    kv_dim: int = field(init=False)    # Hkv * D
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        for name in ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        self.head_dim = self.dim // self.n_heads
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (dim={self.dim}, n_heads={self.n_heads})")
+        self.kv_dim = self.n_kv_heads * self.head_dim
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> "ModelConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; available: {', '.join(sorted(PRESETS))}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+    def num_params(self) -> int:
+        C, Hd, L, V = self.dim, self.hidden_dim, self.n_layers, self.vocab_size
+        per_layer = 2 * C + C * C * 2 + 2 * C * self.kv_dim + 3 * C * Hd
+        return V * C + L * per_layer + C + (0 if self.shared_classifier else V * C)
+
+    def kv_bytes_per_token(self, bytes_per_elem: int = 4) -> int:
+        """K and V of every layer for one token."""
+        return 2 * self.n_layers * self.kv_dim * bytes_per_elem
+
+
+# Named shapes. stories* are Karpathy's llama2.c TinyStories models (vocab 32000, MHA);
+# "shakespeare" is the target model this project trains and ships, "shakespeare-draft" its draft.
+PRESETS: dict[str, dict[str, Any]] = {
+    "stories15M": dict(dim=288, hidden_dim=768, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000, max_seq_len=256),
+    "stories42M": dict(dim=512, hidden_dim=1376, n_layers=8, n_heads=8, n_kv_heads=8, vocab_size=32000, max_seq_len=1024),
+    "stories110M": dict(dim=768, hidden_dim=2048, n_layers=12, n_heads=12, n_kv_heads=12, vocab_size=32000, max_seq_len=1024),
+    "shakespeare": dict(dim=256, hidden_dim=768, n_layers=8, n_heads=4, n_kv_heads=2, vocab_size=4096, max_seq_len=1024),
+    "shakespeare-draft": dict(dim=128, hidden_dim=384, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=4096, max_seq_len=1024),
+    # small enough that the CPU runs it in milliseconds: tests and notebooks before the trained models
+    "tiny": dict(dim=64, hidden_dim=192, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, max_seq_len=256),
+}
+
+
+@dataclass
+class EngineConfig:
+    """Every engine option, one place (DESIGN.md "Public API"). LLM(model, **options) and the CLI use these names."""
+    tokenizer: Optional[str] = None
+    backend: str = "torch"
+    dtype: str = "float32"
+    quantization: Optional[str] = None
+    quant_config: Optional[dict] = None
+    kv_cache_dtype: str = "auto"
+    kv_cache_bytes: Optional[int] = None
+    block_size: int = 16
+    max_model_len: Optional[int] = None
+    batching: str = "continuous"
+    batch_window_s: float = 0.0
+    max_num_seqs: int = 32
+    enable_chunked_prefill: bool = False
+    max_num_batched_tokens: Optional[int] = None
+    enable_prefix_caching: bool = False
+    preemption_mode: str = "recompute"
+    swap_bytes: int = 0
+    speculative: Optional[dict] = None
+    seed: int = 0
+    trace: bool = True
+
+    def __post_init__(self):
+        choices = {
+            "backend": ("torch", "numba", "cuda"),
+            "dtype": ("float32", "float16", "bfloat16", "float64"),
+            "quantization": (None, "int8", "int4", "q8_0", "awq", "w8a8", "smoothquant"),
+            "kv_cache_dtype": ("auto", "int8"),
+            "batching": ("static", "dynamic", "continuous"),
+            "preemption_mode": ("recompute", "swap"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
+        if self.block_size < 1:
+            raise ValueError(f"EngineConfig.block_size must be >= 1, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"EngineConfig.max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"EngineConfig.max_model_len must be >= 1, got {self.max_model_len}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            raise ValueError(f"EngineConfig.kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+
+    def with_model(self, model_config: ModelConfig) -> "EngineConfig":
+        """Fill in what depends on the model: max_model_len defaults to (and may not exceed) its context."""
+        limit = model_config.max_seq_len
+        if self.max_model_len is None:
+            return replace(self, max_model_len=limit)
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's context max_seq_len={limit}")
+        return self

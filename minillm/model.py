@@ -1,0 +1,164 @@
+"""The Llama transformer, from scratch: RMSNorm, RoPE (llama2.c pair layout), GQA attention, SwiGLU.
+
+One forward serves training and inference:
+    logits = model(tokens (B, T), positions (B, T), kv, attn)   # -> (B, T, V)
+Without a KV cache it is plain causal self-attention over the T tokens (training, perplexity).
+With one, each layer writes its new K/V into the paged pool at attn.slot_mapping and reads the whole
+context back through attn.block_tables (minillm.attention). Numerics follow llama2.c's run.c: float32,
+RMSNorm eps 1e-5, RoPE on pairs (2j, 2j+1), attention scaled by 1/sqrt(D), w2(silu(w1 x) * w3 x).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import AttentionMetadata, paged_attention
+from .config import ModelConfig
+from .kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), as run.c's rmsnorm."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):  # x: (..., C)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float = 10000.0):
+    """cos, sin: (max_seq_len, D/2). Computed in float32 exactly as run.c does: freq = 1 / theta^(2j/D)
+    and angle = pos * freq, so long contexts round the same way the C code does."""
+    j2 = torch.arange(0, head_dim, 2, dtype=torch.float32)                      # (D/2,) = 2j
+    freq = 1.0 / torch.pow(torch.tensor(theta, dtype=torch.float32), j2 / head_dim)  # (D/2,)
+    pos = torch.arange(max_seq_len, dtype=torch.float32)                         # (S,)
+    angle = pos[:, None] * freq[None, :]                                         # (S, D/2)
+    return torch.cos(angle), torch.sin(angle)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each pair (x[2j], x[2j+1]) of every head by angle pos * freq_j (Su et al. 2021, RoFormer).
+    x: (B, T, H, D); cos, sin: (B, T, D/2) already gathered at the tokens' positions."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]                  # (B, T, H, D/2) each
+    c, s = cos[:, :, None, :], sin[:, :, None, :]        # (B, T, 1, D/2)
+    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)  # (B, T, H, D/2, 2)
+    return out.flatten(-2)                               # (B, T, H, D), pairs back in place
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.kv_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.kv_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.dropout = cfg.dropout
+
+    def forward(self, x, cos, sin, kv: Optional[KVCache], attn: Optional[AttentionMetadata]):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)      # (B, T, H, D)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)   # (B, T, Hkv, D)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)   # (B, T, Hkv, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is None:
+            y = causal_attention(q, k, v, self.dropout if self.training else 0.0)  # (B, T, H, D)
+        else:
+            kv.update(self.layer_id, attn.slot_mapping, k, v)
+            y = paged_attention(q, kv.k[self.layer_id], kv.v[self.layer_id], attn)  # (B, T, H, D)
+        return self.wo(y.reshape(B, T, self.n_heads * self.head_dim))  # (B, T, C)
+
+
+def causal_attention(q, k, v, dropout: float = 0.0):
+    """Dense causal attention over the T tokens themselves (training and cache-free scoring).
+    q: (B, T, H, D); k, v: (B, T, Hkv, D) -> (B, T, H, D). Uses torch's fused kernel for speed."""
+    n_rep = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(n_rep, dim=2)                # (B, T, H, D): query head h reads KV head h // n_rep
+    v = v.repeat_interleave(n_rep, dim=2)                # (B, T, H, D)
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       is_causal=True, dropout_p=dropout)  # (B, H, T, D)
+    return y.transpose(1, 2)                             # (B, T, H, D)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU (Shazeer 2020): w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)  # gate
+        self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)  # down
+        self.w3 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)  # up
+
+    def forward(self, x):  # (B, T, C) -> (B, T, C)
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg, layer_id)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, cos, sin, kv, attn):
+        x = x + self.drop(self.attention(self.attention_norm(x), cos, sin, kv, attn))  # (B, T, C)
+        return x + self.drop(self.feed_forward(self.ffn_norm(x)))                     # (B, T, C)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.shared_classifier:
+            self.output.weight = self.tok_embeddings.weight  # weight tying, as llama2.c's small models
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (S, D/2)
+        self.register_buffer("rope_sin", sin, persistent=False)  # (S, D/2)
+
+    def init_weights(self, seed: int = 0, std: float = 0.02):
+        """GPT-2 style init (llama2.c's model.py): N(0, 0.02), residual projections scaled by 1/sqrt(2L)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    s = std / math.sqrt(2 * self.config.n_layers) if name.endswith(("wo.weight", "w2.weight")) else std
+                    p.copy_(torch.randn(p.shape, generator=g) * s)
+        return self
+
+    def forward(self, tokens, positions=None, kv: Optional[KVCache] = None, attn: Optional[AttentionMetadata] = None,
+                last_index=None):
+        """tokens: (B, T) int64; positions: (B, T) int64, default 0..T-1 -> logits (B, T, V).
+        last_index (B,): only the logits at these token indices -> (B, 1, V); the classifier is the
+        biggest matmul of a small model, and serving needs one row per sequence."""
+        B, T = tokens.shape
+        if positions is None:
+            positions = torch.arange(T, device=tokens.device).expand(B, T)  # (B, T)
+        if kv is not None and attn is None:
+            raise ValueError("a KV cache needs AttentionMetadata (slot_mapping, block_tables, context_lens)")
+        limit = self.config.max_seq_len
+        if int(positions.max()) >= limit:
+            raise ValueError(f"position {int(positions.max())} is beyond the model's context max_seq_len={limit}")
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, D/2) each
+        x = self.drop(self.tok_embeddings(tokens))                     # (B, T, C)
+        for layer in self.layers:
+            x = layer(x, cos, sin, kv, attn)                           # (B, T, C)
+        if last_index is not None:
+            x = x[torch.arange(B), last_index][:, None]                # (B, 1, C)
+        return self.output(self.norm(x))                               # (B, T, V)

@@ -1,0 +1,34 @@
+"""What generate() returns, with vLLM's names: RequestOutput.outputs[i].text / .token_ids, .metrics."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .sequence import RequestMetrics
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list
+    finish_reason: Optional[str]   # "stop", "length" or None while running
+    stop_reason: object = None     # the stop string or token id, if one ended it
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list
+    outputs: list                  # [CompletionOutput] one per sample (n)
+    finished: bool
+    metrics: RequestMetrics        # of the first sample
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list:
+        return self.outputs[0].token_ids

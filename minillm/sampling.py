@@ -1,0 +1,123 @@
+"""Sampling: SamplingParams (vLLM's names), the engine's batched sampler, and run.c's own sampler.
+
+Each sequence samples with its own torch.Generator, seeded from its request, so a request's output
+does not depend on what else shares its batch. Order of operations, as vLLM and HF apply them:
+temperature, then top-k, then top-p (the smallest set of tokens whose probability reaches top_p).
+temperature == 0 is greedy (argmax, first index on ties, like run.c's sample_argmax).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = 0            # 0: off
+    top_p: float = 1.0        # 1.0: off
+    seed: Optional[int] = None
+    max_tokens: int = 16
+    stop: Optional[list[str]] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"SamplingParams.n must be an integer >= 1, got {self.n!r}")
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if any(not s for s in self.stop):
+            raise ValueError(f"SamplingParams.stop strings must be non-empty, got {self.stop!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs_from_logits(logits, temperature: float, top_k: int = 0, top_p: float = 1.0):
+    """The distribution actually sampled from, after temperature, top-k and top-p. logits: (V,) -> (V,).
+    Speculative decoding reuses this: p and q are both taken after these transforms."""
+    logits = logits.float() / temperature                              # (V,)
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)                              # (V,)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)          # (V,)
+        before = torch.cumsum(sorted_p, 0) - sorted_p                  # mass strictly before each token
+        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)          # keep the prefix that reaches top_p
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+        probs = probs / probs.sum()
+    return probs
+
+
+def sample(logits, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
+    """One token from one row of logits (V,)."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    probs = probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_batch(logits, params: list[SamplingParams], generators: list) -> list[int]:
+    """logits: (B, V) -> B token ids, each row with its own params and generator."""
+    return [sample(logits[b], params[b], generators[b]) for b in range(logits.shape[0])]
+
+
+# ---------------------------------------------------------------------------- run.c's sampler
+class RunCSampler:
+    """llama2.c run.c's sampler, bit for bit: xorshift64* coins, float32 softmax, its top-p.
+    `python -m minillm run` uses it so that -t/-p/-s behave exactly as run.c's flags do."""
+
+    def __init__(self, temperature: float, topp: float, seed: int):
+        self.temperature, self.topp = np.float32(temperature), np.float32(topp)
+        self.state = np.uint64(seed)
+
+    def random_u32(self) -> int:
+        with np.errstate(over="ignore"):
+            s = self.state
+            s ^= s >> np.uint64(12)
+            s ^= s << np.uint64(25)
+            s ^= s >> np.uint64(27)
+            self.state = s
+            return int((s * np.uint64(0x2545F4914F6CDD1D)) >> np.uint64(32))
+
+    def random_f32(self) -> np.float32:
+        return np.float32(self.random_u32() >> 8) / np.float32(16777216.0)
+
+    def __call__(self, logits) -> int:
+        x = np.asarray(logits, dtype=np.float32)
+        if self.temperature == 0:
+            return int(np.argmax(x))
+        x = x / self.temperature
+        e = np.exp(x - x.max())
+        p = (e / e.sum(dtype=np.float32)).astype(np.float32)
+        coin = self.random_f32()
+        if self.topp <= 0 or self.topp >= 1:
+            cdf = np.cumsum(p, dtype=np.float32)
+            i = int(np.searchsorted(cdf, coin, side="right"))
+            return min(i, len(p) - 1)
+        cutoff = (np.float32(1.0) - self.topp) / np.float32(len(p) - 1)
+        idx = np.nonzero(p >= cutoff)[0]
+        idx = idx[np.argsort(-p[idx], kind="stable")]
+        cum = np.cumsum(p[idx], dtype=np.float32)
+        over = np.nonzero(cum > self.topp)[0]
+        last = int(over[0]) if len(over) else len(idx) - 1
+        r = coin * cum[last]
+        j = int(np.searchsorted(cum[: last + 1], r, side="right"))
+        return int(idx[min(j, last)])

@@ -1,0 +1,57 @@
+"""A Sequence: one sample of one request, with its tokens, its blocks and its clock readings."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    token_times: list = field(default_factory=list)
+    finished_time: Optional[float] = None
+    num_preemptions: int = 0
+
+
+class Sequence:
+    def __init__(self, seq_id: int, request_id: str, index: int, prompt_ids: list[int],
+                 params: SamplingParams, seed: int, arrival_time: float):
+        self.seq_id, self.request_id, self.index = seq_id, request_id, index
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.params = params
+        self.status = Status.WAITING
+        self.block_table: list[int] = []
+        self.num_computed = 0         # tokens whose K/V are in the cache
+        self.finish_reason: Optional[str] = None
+        self.stop_reason = None       # the stop string or token id that ended it
+        self.text = ""                # decoded output, maintained by the engine
+        self.generator = torch.Generator().manual_seed(seed)
+        self.metrics = RequestMetrics(arrival_time)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self):
+        return f"Sequence(id={self.seq_id}, {self.status.value}, len={len(self)}, blocks={self.block_table})"

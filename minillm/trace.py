@@ -1,0 +1,29 @@
+"""What happened, step by step, as plain data. The engine records; minillm.viz draws; tests read."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    step: int
+    kind: str                 # "prefill" or "decode"
+    seq_ids: list             # which sequences ran
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    blocks_used: int
+    blocks_free: int
+    kv_bytes_used: int        # bytes of the blocks in use
+    kv_bytes_filled: int      # bytes actually holding tokens (the rest of the used blocks is waste)
+    start: float
+    seconds: float
+
+
+@dataclass
+class Trace:
+    enabled: bool = True
+    steps: list = field(default_factory=list)
+
+    def record(self, rec: StepRecord):
+        if self.enabled:
+            self.steps.append(rec)
