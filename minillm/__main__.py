@@ -1,0 +1,73 @@
+"""python -m minillm {generate, run, bench, student}"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def generate_main(argv: list[str]) -> int:
+    from .config import EngineConfig
+    from .llm import LLM
+    from .sampling import SamplingParams
+
+    ap = argparse.ArgumentParser(prog="python -m minillm generate")
+    ap.add_argument("--model", required=True, help="registered name, random:<preset>, a .bin file or a HF directory")
+    ap.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
+    ap.add_argument("--tokenizer", default=None)
+    for name, typ, default in [("n", int, 1), ("temperature", float, 1.0), ("top-k", int, 0), ("top-p", float, 1.0),
+                               ("seed", int, None), ("max-tokens", int, 16)]:
+        ap.add_argument(f"--{name}", type=typ, default=default)
+    ap.add_argument("--stop", action="append", default=None)
+    ap.add_argument("--stop-token-ids", type=int, nargs="*", default=None)
+    ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--backend", default="torch")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--block-size", type=int, default=EngineConfig.block_size)
+    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    ap.add_argument("--kv-cache-bytes", type=int, default=None)
+    a = ap.parse_args(argv)
+    try:
+        params = SamplingParams(n=a.n, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
+                                max_tokens=a.max_tokens, stop=a.stop, stop_token_ids=a.stop_token_ids, ignore_eos=a.ignore_eos)
+        llm = LLM(a.model, tokenizer=a.tokenizer, backend=a.backend, dtype=a.dtype, block_size=a.block_size,
+                  max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, kv_cache_bytes=a.kv_cache_bytes)
+        outs = llm.generate(a.prompt, params)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for out in outs:
+        for c in out.outputs:
+            print((out.prompt or "") + c.text)
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"generate": generate_main, "run": None, "bench": None, "student": None}
+    if not argv or argv[0] not in commands:
+        print("usage: python -m minillm {generate,run,bench,student} ...\n"
+              "  generate  --model M --prompt P [sampling flags]   text through the engine (LLM.generate)\n"
+              "  run       CKPT -z TOK -t T -p P -s SEED -n STEPS -i PROMPT   llama2.c run.c, byte for byte\n"
+              "  bench     decode --model M [--quick] [--json F]   benchmarks\n"
+              "  student   SRC DST   notebooks with the exercise solutions removed", file=sys.stderr)
+        return 1
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "generate":
+        return generate_main(rest)
+    if cmd == "run":
+        from .runc import main as run_main
+        try:
+            return run_main(rest)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    if cmd == "bench":
+        from .bench import main as bench_main
+        return bench_main(rest)
+    from .student import main as student_main
+    return student_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

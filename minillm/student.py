@@ -1,0 +1,51 @@
+"""`python -m minillm student SRC DST` (make student): notebooks with the exercise solutions removed.
+
+In every code cell, the lines from `### BEGIN SOLUTION` to `### END SOLUTION` become a stub at the
+same indentation, and all outputs are cleared, so the student edition shows no answers anywhere.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+_BLOCK = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)", re.S | re.M)
+
+
+def strip_solutions(source: str) -> str:
+    def stub(m):
+        indent = m.group(1)
+        return "\n".join(indent + line for line in STUB.split("\n")) + m.group(2)
+    out = _BLOCK.sub(stub, source)
+    if "### BEGIN SOLUTION" in out or "### END SOLUTION" in out:
+        raise ValueError("unbalanced ### BEGIN SOLUTION / ### END SOLUTION markers in:\n" + source)
+    return out
+
+
+def student_notebook(nb: dict) -> dict:
+    nb = json.loads(json.dumps(nb))
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        cell["source"] = strip_solutions(src).splitlines(keepends=True)
+        cell["outputs"], cell["execution_count"] = [], None
+    return nb
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m minillm student SRC_DIR DST_DIR", file=sys.stderr)
+        return 1
+    src, dst = argv
+    os.makedirs(dst, exist_ok=True)
+    names = sorted(n for n in os.listdir(src) if n.endswith(".ipynb"))
+    for name in names:
+        nb = json.load(open(os.path.join(src, name)))
+        with open(os.path.join(dst, name), "w") as f:
+            json.dump(student_notebook(nb), f, indent=1, ensure_ascii=False)
+            f.write("\n")
+    print(f"wrote {len(names)} student notebooks to {dst}")
+    return 0
