@@ -1,0 +1,43 @@
+# make lab      create .venv, install, open JupyterLab on notebooks/
+# make test     create .venv, install, run pytest and nbval on every notebook
+# make student  write student/: the notebooks with exercise solutions removed
+#
+# torch is installed first, pinned here (never in pyproject.toml, which takes a range): 2.13.0 is the
+# CPU build this project is tested with; with it in place pip keeps it instead of fetching another.
+# Choose another build with e.g. `make test TORCH_SPEC="torch==2.11.0"`.
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN        := $(VENV)/bin
+STAMP      := $(VENV)/.installed
+ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root,)
+NBVAL      := --nbval --nbval-current-env --nbval-cell-timeout=120 --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+.PHONY: install lab test test-unit test-notebooks student clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" 2>&1 | grep -v "is ignored" || true
+	$(BIN)/python -c "import torch" || { echo "torch did not install"; exit 1; }
+	$(BIN)/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+	$(BIN)/python -c "import minillm, nbval, matplotlib" || { echo "install failed"; exit 1; }
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: install
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
+
+test: test-unit test-notebooks
+
+test-unit: install
+	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q tests
+
+test-notebooks: install
+	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q $(NBVAL) notebooks
+
+student: install
+	$(BIN)/python -m minillm student notebooks student
+
+clean:
+	rm -rf $(VENV) student build *.egg-info
