@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -34,12 +35,15 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float = 10000.0):
-    """cos, sin: (max_seq_len, D/2). Computed in float32 exactly as run.c does: freq = 1 / theta^(2j/D)
-    and angle = pos * freq, so long contexts round the same way the C code does."""
-    j2 = torch.arange(0, head_dim, 2, dtype=torch.float32)                      # (D/2,) = 2j
-    freq = 1.0 / torch.pow(torch.tensor(theta, dtype=torch.float32), j2 / head_dim)  # (D/2,)
-    pos = torch.arange(max_seq_len, dtype=torch.float32)                         # (S,)
-    angle = pos[:, None] * freq[None, :]                                         # (S, D/2)
+    """cos, sin: (max_seq_len, D/2) in float64, of the angles run.c computes in float32:
+    freq = 1.0f / powf(theta, (2j) / (float)D) and angle = pos * freq, both rounded to float32.
+    The float32 angle is what matters at long contexts (pos * freq carries ~1e-7 relative error, so
+    ~1e-4 rad at position 1000); cos/sin of it are then exact, and rounding them to float32 gives
+    what glibc's cosf/sinf return."""
+    e = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)                # (D/2,) float32 division
+    freq = np.float32(1.0) / np.power(np.float64(theta), e.astype(np.float64)).astype(np.float32)  # (D/2,)
+    angle = np.arange(max_seq_len, dtype=np.float32)[:, None] * freq[None, :]             # (S, D/2) float32 product
+    angle = torch.from_numpy(angle.astype(np.float64))                                   # (S, D/2)
     return torch.cos(angle), torch.sin(angle)
 
 
@@ -127,7 +131,7 @@ class Transformer(nn.Module):
         if cfg.shared_classifier:
             self.output.weight = self.tok_embeddings.weight  # weight tying, as llama2.c's small models
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)  # (S, D/2)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (S, D/2), float64 until .to(dtype)
         self.register_buffer("rope_sin", sin, persistent=False)  # (S, D/2)
 
     def init_weights(self, seed: int = 0, std: float = 0.02):
@@ -155,8 +159,9 @@ class Transformer(nn.Module):
         limit = self.config.max_seq_len
         if int(positions.max()) >= limit:
             raise ValueError(f"position {int(positions.max())} is beyond the model's context max_seq_len={limit}")
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, D/2) each
         x = self.drop(self.tok_embeddings(tokens))                     # (B, T, C)
+        cos = self.rope_cos[positions].to(x.dtype)                     # (B, T, D/2)
+        sin = self.rope_sin[positions].to(x.dtype)                     # (B, T, D/2)
         for layer in self.layers:
             x = layer(x, cos, sin, kv, attn)                           # (B, T, C)
         if last_index is not None:
