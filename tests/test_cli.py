@@ -1,0 +1,62 @@
+"""The CLI: `run` prints exactly what llama2.c's run.c prints (golden files made by run.c itself)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minillm.__main__ import main
+from minillm.runc import decode_loop
+from minillm.sampling import RunCSampler
+
+GOLDEN = [  # file, run.c arguments (see tests/data/README.md)
+    ("golden_greedy.txt", ["-t", "0", "-n", "0", "-i", "Hamlet"]),
+    ("golden_sampled.txt", ["-t", "1.0", "-p", "0.9", "-s", "1234", "-n", "100", "-i", "To be, or not to be"]),
+    ("golden_empty.txt", ["-t", "0", "-n", "50"]),
+]
+
+
+@pytest.mark.parametrize("golden,args", GOLDEN, ids=[g for g, _ in GOLDEN])
+def test_run_is_byte_identical_to_runc(data_dir, golden, args, capfdbinary):
+    rc = main(["run", f"{data_dir}/golden.bin", "-z", f"{data_dir}/golden_tok.bin", *args])
+    out, err = capfdbinary.readouterr()
+    assert rc == 0
+    assert out == open(f"{data_dir}/{golden}", "rb").read()
+    assert err.startswith(b"achieved tok/s: ")
+
+
+def test_run_subprocess_and_bad_file(data_dir, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "minillm", "run", f"{data_dir}/golden.bin", "-z", f"{data_dir}/golden_tok.bin",
+                        "-t", "0", "-n", "0", "-i", "Hamlet"], capture_output=True)
+    assert r.returncode == 0 and r.stdout == open(f"{data_dir}/golden_greedy.txt", "rb").read()
+    open(tmp_path / "cut.bin", "wb").write(open(f"{data_dir}/golden.bin", "rb").read()[:1000])
+    r = subprocess.run([sys.executable, "-m", "minillm", "run", str(tmp_path / "cut.bin"), "-z", f"{data_dir}/golden_tok.bin"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "cut.bin: expected 179868 bytes" in r.stderr and "found 1000" in r.stderr
+
+
+def test_runc_sampler_coins_match_xorshift():
+    """First coins of run.c's xorshift64* for seed 42, computed with Python integers."""
+    state, want = 42, []
+    for _ in range(5):
+        state ^= state >> 12
+        state ^= (state << 25) & (2**64 - 1)
+        state ^= state >> 27
+        want.append((((state * 0x2545F4914F6CDD1D) & (2**64 - 1)) >> 32 >> 8) / 16777216.0)
+    s = RunCSampler(1.0, 0.9, 42)
+    assert [float(s.random_f32()) for _ in range(5)] == want
+
+
+def test_generate_command(capsys):
+    rc = main(["generate", "--model", "random:tiny", "--prompt", "Hamlet", "--temperature", "0", "--max-tokens", "5"])
+    assert rc == 0 and capsys.readouterr().out.startswith("Hamlet")
+    rc = main(["generate", "--model", "random:tiny", "--prompt", "x", "--top-p", "2"])
+    assert rc == 2 and "SamplingParams.top_p" in capsys.readouterr().err
+
+
+def test_bench_decode_quick_json(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "decode", "--model", "random:tiny", "--steps", "16", "--repeats", "2", "--json", str(out)]) == 0
+    res = json.load(open(out))
+    assert res["steps"] == 16 and len(res["tok_s_all"]) == 2 and res["tok_s_min"] <= res["tok_s_median"] <= res["tok_s_max"]

@@ -1,0 +1,198 @@
+"""The engine end to end: equalities (batched == sequential, paged == contiguous, preempted == not),
+sampling semantics, stop conditions, and bad input that leaves everything else running."""
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+from minillm.loader import random_model
+
+PROMPTS = ["To be, or not to be", "Hamlet", "Who's there?", "O, what a rogue and peasant slave am I!"]
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = random_model("tiny", seed=0)
+    model.init_weights(seed=5, std=0.15)  # varied text, so a wrong token shows
+    return model.double(), tok
+
+
+def make(tiny, **kw):
+    model, tok = tiny
+    return LLM(model, tokenizer=tok, dtype="float64", **kw)
+
+
+def manual_greedy(model, ids, n):
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids
+
+
+def test_generate_equals_plain_greedy_loop(tiny):
+    """float64, so the cached engine and the cache-free loop agree exactly on argmax."""
+    model, tok = tiny
+    out = make(tiny).generate(PROMPTS[0], GREEDY)[0]
+    assert out.prompt_token_ids + out.token_ids == manual_greedy(model, tok.encode(PROMPTS[0]), 24)
+    assert len(out.token_ids) == 24 and out.outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 256])
+def test_batched_equals_sequential_and_block_size_free(tiny, block_size):
+    llm = make(tiny, block_size=block_size)
+    together = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    alone = [make(tiny).generate(p, GREEDY)[0].token_ids for p in PROMPTS]
+    assert together == alone
+    assert llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks  # nothing leaked
+
+
+def test_preemption_recomputes_to_the_same_tokens(tiny):
+    """A pool of 96 tokens for 4 sequences that grow to ~40 each forces recompute preemptions."""
+    model, _ = tiny
+    small = make(tiny, block_size=8, max_model_len=64, kv_cache_bytes=12 * 8 * model.config.kv_bytes_per_token(8))
+    outs = small.generate(PROMPTS, GREEDY)
+    assert sum(o.metrics.num_preemptions for o in outs) > 0
+    assert [o.token_ids for o in outs] == [o.token_ids for o in make(tiny).generate(PROMPTS, GREEDY)]
+    bm = small.engine.block_manager
+    assert bm.num_free == bm.num_blocks
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(tiny):
+    sp = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, seed=123, max_tokens=20, ignore_eos=True)
+    alone = make(tiny).generate(PROMPTS[1], sp)[0].token_ids
+    mixed = make(tiny).generate(PROMPTS, [GREEDY, sp, GREEDY, sp])
+    assert mixed[1].token_ids == alone
+    other = make(tiny).generate(PROMPTS[1], SamplingParams(temperature=1.0, seed=124, max_tokens=20, ignore_eos=True))
+    assert other[0].token_ids != alone
+
+
+def test_n_samples_differ_and_share_the_prompt(tiny):
+    out = make(tiny).generate(PROMPTS[0], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True))[0]
+    assert len(out.outputs) == 3 and [c.index for c in out.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in out.outputs}) == 3
+
+
+def test_top_k_one_is_greedy(tiny):
+    a = make(tiny).generate(PROMPTS[2], SamplingParams(temperature=0.7, top_k=1, seed=1, max_tokens=16, ignore_eos=True))
+    b = make(tiny).generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    assert a[0].token_ids == b[0].token_ids
+
+
+def test_stop_string_truncates_text(tiny):
+    llm = make(tiny)
+    full = llm.generate(PROMPTS[0], GREEDY)[0].text
+    stop = full[5:8]
+    assert stop and full.find(stop) >= 0
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=24, stop=[stop], ignore_eos=True))[0]
+    assert out.text == full[:full.find(stop)]
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
+
+
+def test_stop_token_ids_and_eos(tiny):
+    llm = make(tiny)
+    ids = llm.generate(PROMPTS[0], GREEDY)[0].token_ids
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[ids[3]]))[0]
+    assert out.token_ids == ids[:ids.index(ids[3]) + 1] and out.outputs[0].stop_reason == ids[3]
+
+
+def test_bos_ends_a_llama2c_text_unless_ignore_eos(tiny):
+    """run.c stops at BOS, and so does the engine: a model that always prefers BOS stops at once."""
+    from minillm.model import Transformer
+
+    class LovesBOS(Transformer):
+        def forward(self, *args, **kw):
+            logits = super().forward(*args, **kw)
+            logits[..., 1] += 1e3
+            return logits
+
+    model, tok = tiny
+    biased = LovesBOS(model.config).double()
+    biased.load_state_dict(model.state_dict())
+    llm = LLM(biased.eval(), tokenizer=tok, dtype="float64")
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert out.token_ids == [1] and out.text == "" and out.outputs[0].finish_reason == "stop"
+    forced = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    assert forced.token_ids == [1] * 8 and forced.outputs[0].finish_reason == "length"
+
+
+def test_max_tokens_and_ignore_eos_give_exact_lengths(tiny):
+    outs = make(tiny).generate(PROMPTS, SamplingParams(temperature=1.0, seed=0, max_tokens=17, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [17] * 4
+
+
+def test_max_model_len_caps_generation(tiny):
+    out = make(tiny, max_model_len=16).generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
+    assert len(out.prompt_token_ids) + len(out.token_ids) == 16 and out.outputs[0].finish_reason == "length"
+
+
+def test_trace_records_prefill_then_decodes(tiny):
+    llm = make(tiny)
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    steps = llm.engine.trace.steps
+    assert steps[0].kind == "prefill" and steps[0].num_prefill_tokens == sum(len(tiny[1].encode(p)) for p in PROMPTS[:2])
+    assert [s.kind for s in steps[1:]] == ["decode"] * 4 and all(s.num_decode_tokens == 2 for s in steps[1:])
+    assert all(s.kv_bytes_filled <= s.kv_bytes_used for s in steps)
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("field,kw", [("temperature", dict(temperature=-0.1)), ("top_p", dict(top_p=0.0)),
+                                      ("top_p", dict(top_p=1.5)), ("top_k", dict(top_k=-1)),
+                                      ("max_tokens", dict(max_tokens=0)), ("n", dict(n=0))])
+def test_bad_sampling_params_name_the_field(field, kw):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
+        SamplingParams(**kw)
+
+
+def test_prompt_too_long_names_both_lengths_and_keeps_others_running(tiny):
+    llm = make(tiny, max_model_len=32)
+    engine = llm.engine
+    rid = engine.add_request(PROMPTS[0], GREEDY)
+    engine.step()
+    long = "word " * 40
+    n = len(tiny[1].encode(long))
+    with pytest.raises(ValueError, match=rf"prompt has {n} tokens but max_model_len is 32"):
+        engine.add_request(long, GREEDY)
+    with pytest.raises(ValueError, match="max_model_len is 32"):
+        llm.generate([PROMPTS[1], long], GREEDY)
+    while engine.has_unfinished_requests():
+        engine.step()
+    done = {o.request_id: o for o in engine.pop_finished()}
+    assert len(done[rid].prompt_token_ids) + len(done[rid].token_ids) == 32  # ran to max_model_len, untouched
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
+
+
+def test_abort_frees_blocks_and_others_finish(tiny):
+    engine = make(tiny).engine
+    a = engine.add_request(PROMPTS[0], GREEDY)
+    b = engine.add_request(PROMPTS[1], GREEDY)
+    engine.step(), engine.step()
+    engine.abort(a)
+    while engine.has_unfinished_requests():
+        engine.step()
+    done = {o.request_id: o for o in engine.pop_finished()}
+    assert done[a].outputs[0].finish_reason == "abort" and len(done[b].token_ids) == 24
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
+
+
+def test_unknown_model_lists_available():
+    with pytest.raises(ValueError, match=r"unknown model 'nope'.*Available: .*random:tiny"):
+        LLM("nope")
+
+
+def test_missing_tokenizer_says_where_it_looked(tmp_path, data_dir):
+    import shutil
+    shutil.copy(f"{data_dir}/golden.bin", tmp_path / "m.bin")
+    with pytest.raises(FileNotFoundError, match=f"looked for {tmp_path}/tokenizer.bin"):
+        LLM(str(tmp_path / "m.bin"))
+    llm = LLM(str(tmp_path / "m.bin"), tokenizer=f"{data_dir}/golden_tok.bin")
+    assert llm.generate("Hamlet", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0].token_ids
+
+
+def test_unknown_option_and_bad_engine_values(tiny):
+    with pytest.raises(TypeError, match="unknown LLM option"):
+        LLM("random:tiny", block_sise=16)
+    with pytest.raises(ValueError, match="batching='sometimes'"):
+        LLM("random:tiny", batching="sometimes")
+    with pytest.raises(ValueError, match="max_model_len=999 exceeds the model's context max_seq_len=256"):
+        LLM("random:tiny", max_model_len=999)

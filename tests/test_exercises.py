@@ -1,0 +1,84 @@
+"""Every notebook exercise: its checker passes on the notebook's solution and fails on the student stub."""
+import glob
+import json
+import os
+import re
+
+import pytest
+
+from minillm.exercises import CHECKERS
+from minillm.student import strip_solutions, student_notebook
+
+NB_DIR = os.path.join(os.path.dirname(__file__), "..", "notebooks")
+NOTEBOOKS = sorted(glob.glob(os.path.join(NB_DIR, "*.ipynb")))
+CALL = re.compile(r"\b(check_\w+)\((\w+)\)")
+
+
+def exercises():
+    """(notebook, solution cell source, checker name, function name) for each exercise."""
+    found = []
+    for path in NOTEBOOKS:
+        cells = [c for c in json.load(open(path))["cells"] if c["cell_type"] == "code"]
+        for i, cell in enumerate(cells):
+            src = "".join(cell["source"])
+            if "### BEGIN SOLUTION" not in src:
+                continue
+            calls = [CALL.search("".join(c["source"])) for c in cells[i + 1:i + 3]]
+            call = next((m for m in calls if m), None)
+            assert call, f"{os.path.basename(path)}: solution cell {i} is not followed by a check_...(fn) cell"
+            found.append(pytest.param(src, call.group(1), call.group(2), id=f"{os.path.basename(path)}:{call.group(1)}"))
+    return found
+
+
+EXERCISES = exercises()
+
+
+def test_there_are_notebooks_with_two_exercises_each():
+    assert NOTEBOOKS, "no notebooks found"
+    for path in NOTEBOOKS:
+        src = open(path).read()
+        assert src.count("### BEGIN SOLUTION") >= 2, f"{os.path.basename(path)} has fewer than two exercises"
+
+
+@pytest.mark.parametrize("src,checker,fn_name", EXERCISES)
+def test_checker_passes_solution_and_fails_stub(src, checker, fn_name):
+    check = CHECKERS[checker]
+    ns = {}
+    exec(compile(src, "<solution>", "exec"), ns)
+    result = check(ns[fn_name])
+    assert result.passed, repr(result)
+    stub_ns = {}
+    exec(compile(strip_solutions(src), "<stub>", "exec"), stub_ns)
+    result = check(stub_ns[fn_name])
+    assert not result.passed and "not implemented" in result.message, repr(result)
+
+
+def test_every_checker_is_used_by_a_notebook():
+    used = {p.values[1] for p in EXERCISES}
+    assert set(CHECKERS) <= used, f"checkers no notebook uses: {set(CHECKERS) - used}"
+
+
+def test_checkers_fail_on_wrong_answers():
+    """A stub is not the only failure: plausible mistakes fail too."""
+    import torch
+    assert not CHECKERS["check_temperature_softmax"](lambda l, t: torch.softmax(l * t, -1))  # multiplied, not divided
+    assert not CHECKERS["check_rmsnorm"](lambda x, w, eps: x / x.pow(2).mean(-1, keepdim=True).sqrt() * w + eps)
+    assert not CHECKERS["check_kv_cache_bytes"](lambda cfg, n, b: 2 * cfg.n_layers * cfg.dim * n * b)  # MHA formula under GQA
+    assert not CHECKERS["check_slot_mapping"](lambda table, pos, bs: [table[0] * bs + p for p in pos])
+    assert not CHECKERS["check_top_p"](lambda probs, p: probs)
+    assert not CHECKERS["check_rope"](lambda x, pos, theta: x)
+
+
+def test_student_edition_removes_solutions_and_outputs():
+    for path in NOTEBOOKS:
+        nb = student_notebook(json.load(open(path)))
+        text = json.dumps(nb)
+        assert "BEGIN SOLUTION" not in text and "raise NotImplementedError()" in text
+        assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def test_strip_keeps_indentation_and_rejects_unbalanced():
+    src = "def f(x):\n    y = 1\n    ### BEGIN SOLUTION\n    return x + y\n    ### END SOLUTION\n"
+    assert strip_solutions(src) == "def f(x):\n    y = 1\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"
+    with pytest.raises(ValueError, match="unbalanced"):
+        strip_solutions("### BEGIN SOLUTION\nx = 1\n")
