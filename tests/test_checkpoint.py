@@ -119,3 +119,28 @@ def test_hf_missing_files(tmp_path):
                                                           num_hidden_layers=1, num_attention_heads=4, vocab_size=10)))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_hf(tmp_path)
+
+
+def test_hf_directory_through_llm_with_tokenizer_json(tmp_path):
+    """LLM(dir) reads config.json + safetensors + tokenizer.json; greedy tokens equal transformers' generate."""
+    from tokenizers import Tokenizer as HFTok, models, pre_tokenizers
+    from minillm import LLM, SamplingParams
+    hf = _tiny_hf(tmp_path, tie=False, theta_style="top")
+    words = "to be or not that is the question whether tis nobler in mind suffer".split()
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tok = HFTok(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    llm = LLM(str(tmp_path), dtype="float32")
+    out = llm.generate("to be or not to be", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert out.prompt_token_ids == [1] + [vocab[w] for w in "to be or not to be".split()]
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([out.prompt_token_ids]), max_new_tokens=12, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)[0, len(out.prompt_token_ids):].tolist()
+    # float32 on both sides: compare up to the first step where HF's top-2 margin is tiny (DESIGN rule 7)
+    with torch.no_grad():
+        logits = hf(torch.tensor([out.prompt_token_ids + want])).logits[0, len(out.prompt_token_ids) - 1:-1]
+    top2 = logits.topk(2).values
+    safe = next((i for i, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 1e-4), len(want))
+    assert safe >= 6, f"only {safe} steps comparable"
+    assert out.token_ids[:safe] == want[:safe]
