@@ -23,6 +23,9 @@ import numpy as np
 BOS, EOS, UNK = 1, 2, 0
 N_RESERVED = 259  # <unk>, BOS, EOS and 256 byte tokens
 _BYTE_PIECE = re.compile(rb"^<0x([0-9A-Fa-f]{1,2})")  # what run.c's sscanf("<0x%02hhX>") accepts
+# run.c's merge loop starts from best_score = -1e10 (a float) and needs a strictly greater score, so a
+# token scored at or below it (or NaN) is never merged into
+_NO_MERGE_AT_OR_BELOW = float(np.float32(-1e10))
 
 
 def reserved_pieces() -> list[bytes]:
@@ -78,6 +81,8 @@ class Tokenizer:
             off += 8 + n
         if vocab_size is not None and len(pieces) < vocab_size:
             raise ValueError(f"{path}: expected {vocab_size} tokens (from the checkpoint), found {len(pieces)}")
+        if len(pieces) < N_RESERVED:
+            raise ValueError(f"{path}: {len(pieces)} tokens, but a tokenizer.bin holds at least {N_RESERVED}")
         return cls(pieces, scores, max_len)
 
     def save(self, path):
@@ -113,8 +118,9 @@ class Tokenizer:
             if space is None:
                 raise ValueError("this vocabulary has no ' ' token, which run.c's dummy prefix needs")
             ids = [space] + ids
-        ids = self._merge(ids)
-        return ([BOS] if bos else []) + ids + ([EOS] if eos else [])
+        # run.c merges over its whole buffer, BOS included (it only matters if a piece starts with "\n<s>\n")
+        ids = self._merge(([BOS] if bos else []) + ids)
+        return ids + ([EOS] if eos else [])
 
     def _merge(self, ids: list[int]) -> list[int]:
         n = len(ids)
@@ -129,7 +135,7 @@ class Tokenizer:
 
         def push(i, j):
             m = lookup.get(pieces[tok[i]] + pieces[tok[j]])
-            if m is not None:
+            if m is not None and score[m] > _NO_MERGE_AT_OR_BELOW:
                 # key: highest score first, then leftmost; the tokens pin the entry to this exact pair
                 heapq.heappush(heap, (-score[m], i, j, tok[i], tok[j], m))
 
