@@ -1,7 +1,7 @@
 """Train a BPE vocabulary from text, as a llama2.c `Tokenizer` (Sennrich et al. 2016).
 
 Like SentencePiece's BPE, which made llama2.c's tokenizer.bin, words keep their leading space
-(" the") and merges are learned inside words; code points seen in the text are the base symbols
+(" the") and merges are learned inside pre-split chunks (words, digits, punctuation); code points seen in the text are the base symbols
 and anything rarer falls back to the 256 byte tokens. A merge learned earlier gets a higher score,
 so run.c's "merge the highest-scoring pair" replays the training order.
 
@@ -17,7 +17,10 @@ from collections import Counter, defaultdict
 
 from .tokenizer import N_RESERVED, Tokenizer, reserved_pieces
 
-_WORD = re.compile(r" ?[^\s]+|\s", re.UNICODE)  # " word", or one whitespace character
+# pre-split (for training only): " word" (letters), one digit, a run of punctuation, one whitespace
+# character. Merges then never glue punctuation to words, so "sword," is "sword" + "," and a small
+# vocabulary spends its entries on words (GPT-2's byte-level BPE splits the same way).
+_WORD = re.compile(r" ?[^\W\d_]+| ?\d| ?[^\w\s]+| ?_+|\s", re.UNICODE)
 
 
 def train_bpe(text: str, vocab_size: int, min_char_count: int = 2) -> Tokenizer:
