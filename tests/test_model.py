@@ -145,3 +145,10 @@ def test_presets_and_unknown_name():
     assert (s.dim, s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.max_seq_len) == (256, 8, 4, 2, 64, 1024)
     with pytest.raises(ValueError, match="available: .*stories15M"):
         ModelConfig.from_name("gpt5")
+
+
+def test_draft_is_under_a_tenth_of_the_target_flops():
+    t, d = ModelConfig.from_name("shakespeare"), ModelConfig.from_name("shakespeare-draft")
+    for ctx in (0, 256, 1024):
+        assert d.flops_per_token(ctx) <= 0.1 * t.flops_per_token(ctx)
+    assert d.vocab_size == t.vocab_size
