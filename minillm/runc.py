@@ -23,8 +23,9 @@ from .sampling import RunCSampler
 from .tokenizer import BOS, Tokenizer
 
 
-def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, write=None):
-    """run.c's generate(). Yields nothing; writes bytes through `write`. Returns (tokens, tok/s)."""
+def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, write=None, stop_at_bos: bool = True):
+    """run.c's generate(): writes bytes through `write`, returns (tokens, tok/s). stop_at_bos=False keeps
+    decoding past BOS, so a benchmark always times `steps` positions whatever the weights produce."""
     write = write or (lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush()))
     cfg = model.config
     if steps <= 0 or steps > cfg.max_seq_len:
@@ -40,7 +41,7 @@ def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, w
             logits = model(torch.tensor([[token]]), positions, kv, attn)[0, -1]  # (V,)
             nxt = prompt_ids[pos + 1] if pos < len(prompt_ids) - 1 else sampler(logits.float().numpy())
             pos += 1
-            if nxt == BOS:
+            if nxt == BOS and stop_at_bos:
                 break
             write(tokenizer.printable(tokenizer.piece_bytes(token, nxt)))
             token = nxt

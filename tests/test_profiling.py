@@ -1,0 +1,121 @@
+"""minillm.profiling: invariants of the measurements (never a timing)."""
+import pytest
+import torch
+
+from minillm import profiling as P
+from minillm.config import ModelConfig
+from minillm.kv_cache import KVCache
+from minillm.loader import random_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return random_model("tiny")[0]
+
+
+def test_with_and_without_cache_agree(tiny):
+    """The cache is an optimisation only: same greedy tokens, same logits, at every step."""
+    n, prompt = 24, [1, 300, 17, 42, 5]
+    w = P.time_per_token_with_cache(tiny, n, prompt_ids=prompt, repeats=1, keep_logits=True)
+    wo = P.time_per_token_without_cache(tiny, n, prompt_ids=prompt, repeats=1, keep_logits=True)
+    assert w.token_ids == wo.token_ids
+    assert w.logits.shape == wo.logits.shape == (n, tiny.config.vocab_size)
+    assert (w.logits - wo.logits).abs().max().item() < 1e-4
+
+
+def test_decode_timing_shapes(tiny):
+    for fn, method in [(P.time_per_token_with_cache, "kv cache"), (P.time_per_token_without_cache, "no cache")]:
+        t = fn(tiny, 10, repeats=2)
+        assert t.method == method and t.repeats == 2 and t.threads == 1
+        assert t.prompt_len == 1 and t.context_lens == list(range(1, 11))
+        assert len(t.seconds) == len(t.token_ids) == len(t.cumulative_seconds) == 10
+        assert all(s > 0 for s in t.seconds) and t.logits is None
+        assert t.cumulative_seconds == sorted(t.cumulative_seconds)
+        assert t.cumulative_seconds[-1] == pytest.approx(sum(t.seconds))
+        assert t.tail_median(4) > 0 and t.head_median(4) > 0
+
+
+def test_decode_runs_up_to_the_context_limit():
+    model = random_model("tiny", max_seq_len=16)[0]
+    t = P.time_per_token_with_cache(model, 16, repeats=1)  # BOS + 15 new tokens fill positions 0..15
+    assert t.context_lens[-1] == 16
+    with pytest.raises(ValueError, match="max_seq_len is 16"):
+        P.time_per_token_without_cache(model, 17, repeats=1)
+    with pytest.raises(ValueError, match="n_tokens"):
+        P.time_per_token_with_cache(model, 0)
+    with pytest.raises(ValueError, match="repeats"):
+        P.time_per_token_with_cache(model, 2, repeats=0)
+
+
+def test_threads_are_restored(tiny):
+    before = torch.get_num_threads()
+    P.time_per_token_with_cache(tiny, 3, repeats=1, threads=1)
+    P.prefill_vs_decode(tiny, 4, repeats=1, threads=1)
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads"):
+        P.time_per_token_with_cache(tiny, 3, threads=0)
+
+
+def test_prefill_vs_decode(tiny):
+    r = P.prefill_vs_decode(tiny, 8, repeats=1)
+    assert r.n_tokens == 8 and r.prefill_seconds > 0 and r.decode_seconds > 0
+    assert r.prefill_tokens_per_s == pytest.approx(8 / r.prefill_seconds)
+    with pytest.raises(ValueError, match="n_tokens"):
+        P.prefill_vs_decode(tiny, tiny.config.max_seq_len + 1)
+
+
+@pytest.mark.parametrize("name", ["tiny", "shakespeare", "shakespeare-draft", "stories15M"])
+def test_measured_bytes_equal_formula(name):
+    cfg = ModelConfig.from_name(name)
+    for n in (1, 7, 64):
+        for dtype, elem in [(torch.float32, 4), (torch.float16, 2), (torch.bfloat16, 2)]:
+            r = P.kv_cache_bytes(cfg, n, dtype)
+            assert r.bytes_per_elem == elem
+            assert r.measured == r.formula == 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem * n
+            assert r.per_token == cfg.kv_bytes_per_token(elem)
+
+
+def test_kv_bytes_by_preset_defaults_to_full_context():
+    rows = P.kv_bytes_by_preset(["tiny", "shakespeare"])
+    assert [r.label for r in rows] == ["tiny", "shakespeare"]
+    assert [r.n_tokens for r in rows] == [256, 1024]
+    assert rows[1].measured == 8 * 2**20   # 2 x 8 layers x 2 KV heads x 64 x 4 bytes x 1024 tokens
+    assert all(r.measured == r.formula for r in rows)
+
+
+def test_mha_vs_gqa_only_kv_heads_change():
+    rows = P.mha_vs_gqa("shakespeare", 1024)
+    assert [r.n_kv_heads for r in rows] == [4, 2, 1]
+    assert [r.label.split()[0] for r in rows] == ["MHA", "GQA", "MQA"]
+    assert {(r.n_layers, r.n_heads, r.head_dim) for r in rows} == {(8, 4, 64)}
+    assert [r.measured for r in rows] == [16 * 2**20, 8 * 2**20, 4 * 2**20]
+    assert [r.n_kv_heads for r in P.mha_vs_gqa("stories15M", 4)] == [6, 3, 2, 1]
+    assert len(P.mha_vs_gqa("tiny", 4, kv_heads=[2])) == 1
+
+
+def test_kv_bytes_vs_length_is_linear():
+    cfg = ModelConfig.from_name("tiny")
+    got = P.kv_bytes_vs_length(cfg, [1, 2, 10])
+    assert got == [KVCache.bytes_for(cfg, 1, n) for n in (1, 2, 10)]
+
+
+def test_greedy_agreement(tiny):
+    a = P.time_per_token_with_cache(tiny, 6, repeats=1, keep_logits=True)
+    b = P.time_per_token_without_cache(tiny, 6, repeats=1, keep_logits=True)
+    r = P.greedy_agreement(a, b)
+    assert r["steps_total"] == 6 and r["steps_compared"] <= 6 and r["tokens_equal"] and r["max_abs_logit_diff"] < 1e-4
+    assert P.greedy_agreement(a, b, margin=float("inf"))["steps_compared"] == 0   # every step a "near tie"
+    with pytest.raises(ValueError, match="keep_logits"):
+        P.greedy_agreement(P.time_per_token_with_cache(tiny, 2, repeats=1), b)
+
+
+def test_forward_breakdown_counts_every_parameter(tiny):
+    r = P.forward_breakdown(tiny, 8, repeats=1)
+    assert list(r.params) == list(P.PARTS) == list(r.seconds)
+    assert r.tied_classifier and r.params["classifier"] == 0
+    assert sum(r.params.values()) == sum(p.numel() for p in tiny.parameters()) == tiny.config.num_params()
+    assert all(s > 0 for s in r.seconds.values()) and r.total_seconds > 0
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in tiny.modules())   # hooks removed
+    untied = random_model("tiny", shared_classifier=False)[0]
+    r = P.forward_breakdown(untied, 4, repeats=1)
+    assert not r.tied_classifier and r.params["classifier"] == r.params["embedding"] == 512 * 64

@@ -1,0 +1,154 @@
+"""minillm.viz: every plot function draws small data under Agg and returns a Figure with what it should."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import minillm.viz as viz  # noqa: E402
+from minillm import profiling as P  # noqa: E402
+from minillm.config import ModelConfig  # noqa: E402
+from minillm.model import rope_tables  # noqa: E402
+from minillm.trace import StepRecord  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def timing(method, n, repeats=3):
+    secs = [1e-3 * (1 + i) for i in range(n)]
+    return P.DecodeTiming(method, 1, list(range(1, n + 1)), secs, list(range(n)), None, repeats)
+
+
+def step(i, kind, n):
+    return StepRecord(i, kind, [0], n if kind == "prefill" else 0, n if kind == "decode" else 0,
+                      1, 3, 100, 50, 0.0, 1e-3 * (i + 1))
+
+
+def bars(ax):
+    return [p for c in ax.containers for p in c]
+
+
+def test_engine_path_is_a_diagram():
+    fig = viz.draw_engine_path()
+    assert isinstance(fig, Figure)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "RequestOutput" in texts and "sampler" in texts
+
+
+def test_plot_trace():
+    fig = viz.plot_trace([step(0, "prefill", 7), step(1, "decode", 2), step(2, "decode", 2)])
+    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    assert [len(bars(ax)) for ax in fig.axes] == [3, 3]
+    assert [b.get_height() for b in bars(fig.axes[1])] == [7, 2, 2]
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["prefill", "decode"]
+    with pytest.raises(ValueError, match="no steps"):
+        viz.plot_trace([])
+
+
+def test_next_token_distribution():
+    logits = torch.randn(30)
+    fig = viz.plot_next_token_distribution(logits, temperatures=(0.5, 1.0, 2.0), k=5)
+    assert len(bars(fig.axes[0])) == 15
+    labels = [f"t{i}" for i in range(30)]
+    fig = viz.plot_next_token_distribution(logits, temperatures=(1.0,), top_p=0.5, k=40, labels=labels)
+    assert len(bars(fig.axes[0])) == 30          # k is capped at the vocabulary
+    assert abs(sum(b.get_height() for b in bars(fig.axes[0])) - 1.0) < 1e-5
+
+
+def test_sampling_explorer_is_a_widget():
+    import ipywidgets
+    w = viz.sampling_explorer(torch.randn(20), k=5)
+    assert isinstance(w, ipywidgets.interactive)
+    assert {c.description for c in w.children[:2]} == {"temperature", "top_p"}
+
+
+def test_llama_block_diagram():
+    cfg = ModelConfig.from_name("tiny")
+    steps = viz.llama_steps(cfg, T=5)
+    assert steps[0] == ("tokens", "(1, 5)") and steps[-1][1] == "logits (1, 5, 512)"
+    fig = viz.draw_llama_block(cfg)
+    assert isinstance(fig, Figure)
+    assert sum("(1, 5, 64)" in t.get_text() for t in fig.axes[0].texts) >= 3
+
+
+def test_plot_attention():
+    probs = torch.softmax(torch.randn(4, 4).masked_fill(torch.ones(4, 4, dtype=torch.bool).triu(1), float("-inf")), -1)
+    fig = viz.plot_attention(probs, labels=list("abcd"))
+    ax = fig.axes[0]
+    assert len(ax.images) == 1 and [t.get_text() for t in ax.get_xticklabels()] == list("abcd")
+    shown = ax.images[0].get_array()
+    assert shown.mask[0, 1] and not shown.mask[1, 0]   # the future is blank, the past is drawn
+
+
+def test_plot_rope():
+    cos, sin = rope_tables(16, 32)
+    fig = viz.plot_rope(cos, sin, pairs=[0, 3, 7], n_positions=20, arrows=5)
+    left, right = fig.axes
+    assert len(right.lines) == 3 and all(len(l.get_xdata()) == 20 for l in right.lines)
+    assert len([t for t in left.texts if t.get_text().startswith("pos")]) == 5
+
+
+def test_recompute_grid():
+    fig = viz.draw_recompute_grid(5)
+    assert len(fig.axes) == 2 and all(len(ax.patches) == 25 for ax in fig.axes)
+    assert "15 token computations" in fig.axes[0].get_title() and "5 token computations" in fig.axes[1].get_title()
+
+
+def test_plot_kv_bytes():
+    rows = P.mha_vs_gqa("tiny", 8)
+    fig = viz.plot_kv_bytes(rows)
+    assert len(bars(fig.axes[0])) == 2 * len(rows)
+
+
+def test_plot_kv_bytes_vs_length():
+    fig = viz.plot_kv_bytes_vs_length([1, 2, 4], {"a": [1, 2, 4], "b": [2, 4, 8]})
+    assert len(fig.axes[0].lines) == 2
+
+
+def test_draw_kv_pool():
+    fig = viz.draw_kv_pool({"A": [2, 0], "B": [1]}, {"A": 5, "B": 3}, num_blocks=4, block_size=4)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 16
+    assert sorted(int(t.get_text()) for t in ax.texts) == list(range(16))   # every slot is numbered
+
+
+def test_plot_decode_timing():
+    fig = viz.plot_decode_timing(timing("no cache", 12), timing("kv cache", 12, repeats=1))
+    left, right = fig.axes
+    assert len(left.lines) == 2 and len(right.lines) == 2
+    assert [l.get_label() for l in left.lines] == ["no cache (median of 3)", "kv cache"]
+    assert right.lines[0].get_ydata()[-1] == pytest.approx(sum(1e-3 * (1 + i) for i in range(12)))
+    with pytest.raises(ValueError):
+        viz.plot_decode_timing()
+
+
+def test_plot_prefill_vs_decode():
+    fig = viz.plot_prefill_vs_decode(P.PrefillDecode(16, 0.001, 0.05))
+    heights = [b.get_height() for b in bars(fig.axes[0])]
+    assert heights == pytest.approx([16000, 320])
+
+
+def test_viz_is_not_imported_by_the_engine():
+    import subprocess
+    import sys
+    code = ("import sys, minillm, minillm.profiling, minillm.llm; "
+            "print('matplotlib' in sys.modules, 'minillm.viz' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
+def test_plot_forward_breakdown():
+    params = dict(zip(P.PARTS, [100, 2, 50, 60, 0]))
+    seconds = dict(zip(P.PARTS, [1e-4, 1e-4, 2e-3, 2e-3, 1e-3]))
+    r = P.ForwardBreakdown(8, params, seconds, 5e-3, True)
+    fig = viz.plot_forward_breakdown(r)
+    left, right = fig.axes
+    assert len(bars(left)) == len(bars(right)) == 5
+    assert any("tied" in t.get_text() for t in left.texts)
