@@ -8,6 +8,7 @@ from .config import EngineConfig
 from .engine import LLMEngine
 from .loader import load
 from .outputs import RequestOutput
+from .progress import progress
 from .sampling import SamplingParams
 
 
@@ -40,8 +41,11 @@ class LLM:
                                  f"it must be shorter to leave room for at least one generated token")
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, plist)]
         wanted, done = set(ids), {}
+        bar = progress(len(ids), desc="generate", enabled=use_tqdm)
         while wanted - done.keys():
             self.engine.step()
             for out in self.engine.pop_finished():
                 done[out.request_id] = out
+                bar.update(1)
+        bar.close()
         return [done[i] for i in ids]

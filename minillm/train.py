@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from .checkpoint import load_bin, save_bin
 from .config import ModelConfig
 from .model import Transformer
+from .progress import progress
 
 
 @dataclass
@@ -110,12 +111,6 @@ def _optimizer(model: Transformer, tc: TrainConfig):
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
-
-
-def progress(total: int, initial: int = 0, desc: str = ""):
-    """tqdm, unless MINILLM_PROGRESS=0 (tests and CI: nbval compares stderr)."""
-    from tqdm.auto import tqdm
-    return tqdm(total=total, initial=initial, desc=desc, disable=os.environ.get("MINILLM_PROGRESS", "1") == "0")
 
 
 def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, tc: TrainConfig,
