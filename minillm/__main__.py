@@ -1,4 +1,4 @@
-"""python -m minillm {generate, run, bench, train, student}"""
+"""python -m minillm {generate, run, bench, train, ship, student}"""
 from __future__ import annotations
 
 import argparse
@@ -44,13 +44,14 @@ def generate_main(argv: list[str]) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"generate": generate_main, "run": None, "bench": None, "train": None, "student": None}
+    commands = {"generate": generate_main, "run": None, "bench": None, "train": None, "ship": None, "student": None}
     if not argv or argv[0] not in commands:
         print("usage: python -m minillm {generate,run,bench,student} ...\n"
               "  generate  --model M --prompt P [sampling flags]   text through the engine (LLM.generate)\n"
               "  run       CKPT -z TOK -t T -p P -s SEED -n STEPS -i PROMPT   llama2.c run.c, byte for byte\n"
               "  bench     decode --model M [--quick] [--json F]   benchmarks\n"
               "  train     --preset P --out DIR [--teacher T.bin] [--resume]   train or distil a model\n"
+              "  ship      --target DIR --draft DIR --data DIR   evaluate runs, package them with a model card\n"
               "  student   SRC DST   notebooks with the exercise solutions removed", file=sys.stderr)
         return 1
     cmd, rest = argv[0], argv[1:]
@@ -66,6 +67,9 @@ def main(argv=None) -> int:
     if cmd == "bench":
         from .bench import main as bench_main
         return bench_main(rest)
+    if cmd == "ship":
+        from .ship import main as ship_main
+        return ship_main(rest)
     if cmd == "train":
         from .train import main as train_main
         return train_main(rest)

@@ -26,8 +26,12 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 MODELS_DIR = os.path.join(PACKAGE_DIR, "models")
 SAMPLE_TEXT = os.path.join(PACKAGE_DIR, "data", "sample.txt")
 
-# name -> (checkpoint file, tokenizer file), relative to minillm/models. Filled as models ship.
-REGISTRY: dict[str, tuple[str, str]] = {}
+# name -> (checkpoint file, tokenizer file), relative to minillm/models (see MODEL_CARD.md there)
+REGISTRY: dict[str, tuple[str, str]] = {
+    "shakespeare": ("shakespeare.bin", "tokenizer.bin"),
+    "shakespeare-draft": ("shakespeare-draft.bin", "tokenizer.bin"),
+    "shakespeare-draft-scratch": ("shakespeare-draft-scratch.bin", "tokenizer.bin"),  # same shape, no teacher
+}
 
 
 def available_models() -> list[str]:
