@@ -152,3 +152,13 @@ def test_plot_forward_breakdown():
     left, right = fig.axes
     assert len(bars(left)) == len(bars(right)) == 5
     assert any("tied" in t.get_text() for t in left.texts)
+
+
+def test_training_plots():
+    import minillm.viz as viz
+    rows = [{"tokens": 1000 * i, "train_loss": 5 - i * 0.1, "val_loss": 5.1 - i * 0.1, "lr": 1e-3} for i in range(1, 6)]
+    fig = viz.plot_training_curves({"a": rows, "b": rows[:3]}, baseline=6.0)
+    assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 5 and len(fig.axes[1].lines) == 2
+    fig = viz.plot_expected_tokens({"x": 0.5, "y": 0.8})
+    assert len(fig.axes[0].lines) == 3
+    assert fig.axes[0].lines[0].get_ydata()[0] == 1.5  # alpha 0.5, gamma 1: 1 + 0.5
