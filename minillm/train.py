@@ -114,7 +114,7 @@ def _optimizer(model: Transformer, tc: TrainConfig):
 
 
 def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, tc: TrainConfig,
-          teacher: Optional[Transformer] = None, resume: bool = False, log=print) -> dict:
+          teacher: Optional[Transformer] = None, resume: bool = False, log=print, init_from: Optional[str] = None) -> dict:
     """Train until early stopping, max_steps or the time limit. Returns a summary dict.
     Files in tc.out_dir: state.pt (resume), model.bin (best so far, llama2.c v0), log.jsonl, summary.json."""
     os.makedirs(tc.out_dir, exist_ok=True)
@@ -122,6 +122,9 @@ def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
     model_cfg.dropout = tc.dropout
     torch.manual_seed(tc.seed)
     model = Transformer(model_cfg).init_weights(tc.seed)
+    if init_from:  # weights only (a .bin): continue a run whose state.pt was lost, with a fresh optimizer
+        model.load_state_dict(load_bin(init_from).state_dict())
+        log(f"initialised from {init_from}")
     opt = _optimizer(model, tc)
     rng = np.random.default_rng(tc.seed)
     step, best, bad, seconds, tokens_seen = 0, float("inf"), 0, 0.0, 0
@@ -243,7 +246,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--tokenizer", default=None, help="use this tokenizer.bin instead of training one")
     ap.add_argument("--teacher", default=None, help="distil from this llama2.c .bin (same tokenizer)")
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="continue from <out>/state.pt")
+    ap.add_argument("--init-from", default=None, help="start from these weights (.bin), fresh optimizer")
     ap.add_argument("--threads", type=int, default=None)
     for f in TrainConfig.__dataclass_fields__.values():
         if f.name != "out_dir":
@@ -261,6 +265,6 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"teacher vocab {teacher.config.vocab_size} != student vocab {cfg.vocab_size}")
     print(f"{a.preset}: {cfg.num_params():,} parameters; unigram baseline val loss "
           f"{unigram_loss(train_ids, val_ids, cfg.vocab_size):.4f} nats/token")
-    summary = train(cfg, train_ids, val_ids, tc, teacher=teacher, resume=a.resume)
+    summary = train(cfg, train_ids, val_ids, tc, teacher=teacher, resume=a.resume, init_from=a.init_from)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("model_config", "train_config")}))
     return 0
