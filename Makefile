@@ -4,10 +4,12 @@
 #
 # torch is installed first, pinned here (never in pyproject.toml, which takes a range): 2.13.0 is the
 # CPU build this project is tested with; with it in place pip keeps it instead of fetching another.
-# Choose another build with e.g. `make test TORCH_SPEC="torch==2.11.0"`.
-PYTHON     ?= python3
-VENV       ?= .venv
-TORCH_SPEC ?= torch==2.13.0
+# Choose another build with e.g. `make test TORCH_SPEC="torch==2.11.0"`; on Linux without a GPU, pass
+# PyTorch's CPU wheel index through TORCH_PIP_ARGS (e.g. --index-url <that index>) to skip the CUDA wheels.
+PYTHON         ?= python3
+VENV           ?= .venv
+TORCH_SPEC     ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.installed
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -15,9 +17,9 @@ NBVAL      := --nbval --nbval-current-env --nbval-cell-timeout=120 --nbval-sanit
 
 .PHONY: install lab test test-unit test-notebooks student clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" 2>&1 | grep -v "is ignored" || true
+	$(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import torch" || { echo "torch did not install"; exit 1; }
 	$(BIN)/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import minillm, nbval, matplotlib" || { echo "install failed"; exit 1; }

@@ -21,7 +21,7 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
         torch.set_num_threads(threads)
     steps = min(steps, net.config.max_seq_len)
     greedy = RunCSampler(0.0, 0.9, 1)
-    run = lambda n: decode_loop(net, tok, greedy, "", n, write=lambda b: None, stop_at_bos=False)[1]
+    run = lambda n: decode_loop(net, tok, greedy, "", n, write=None, stop_at_bos=False)[1]
     run(min(8, steps))  # warm-up: allocation, first-call costs
     rates = [run(steps) for _ in range(repeats)]
     return {"bench": "decode", "model": str(model), "steps": steps, "repeats": repeats,

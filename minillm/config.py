@@ -117,14 +117,14 @@ class EngineConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
-        if self.block_size < 1:
-            raise ValueError(f"EngineConfig.block_size must be >= 1, got {self.block_size}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"EngineConfig.max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"EngineConfig.max_model_len must be >= 1, got {self.max_model_len}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
-            raise ValueError(f"EngineConfig.kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len,
+                    "kv_cache_bytes": self.kv_cache_bytes, "max_num_batched_tokens": self.max_num_batched_tokens}
+        for name, value in positive.items():
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("batch_window_s", "swap_bytes"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"EngineConfig.{name} must be >= 0, got {getattr(self, name)!r}")
 
     def with_model(self, model_config: ModelConfig) -> "EngineConfig":
         """Fill in what depends on the model: max_model_len defaults to (and may not exceed) its context."""

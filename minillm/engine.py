@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import time
 import zlib
+
+import torch
 from typing import Callable, Optional
 
 from .block_manager import BlockManager
@@ -26,25 +28,38 @@ from .tokenizer import BOS, EOS, Tokenizer
 from .trace import StepRecord, Trace
 
 
+DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not given
+
+
+def _refuse_unbuilt(config: EngineConfig):
+    """Options that name techniques later issues build: refuse them rather than silently ignore them."""
+    unbuilt = {"backend": "torch", "quantization": None, "kv_cache_dtype": "auto", "speculative": None,
+               "batching": "continuous", "enable_chunked_prefill": False, "enable_prefix_caching": False,
+               "preemption_mode": "recompute", "swap_bytes": 0}
+    for name, default in unbuilt.items():
+        if getattr(config, name) != default:
+            raise ValueError(f"{name}={getattr(config, name)!r} is not available in this build yet "
+                             f"(only {name}={default!r})")
+
+
 class LLMEngine:
     def __init__(self, model: Transformer, tokenizer, config: EngineConfig, clock: Optional[Callable[[], float]] = None):
         config = config.with_model(model.config)
-        if config.backend != "torch":
-            raise ValueError(f"backend={config.backend!r} is not available yet; this build has backend='torch'")
-        if config.quantization or config.kv_cache_dtype != "auto" or config.speculative:
-            raise ValueError("quantization, kv_cache_dtype='int8' and speculative decoding are not available yet")
+        _refuse_unbuilt(config)
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.clock = clock or time.perf_counter
         mcfg, bs = model.config, config.block_size
         dtype = next(model.parameters()).dtype
-        if config.kv_cache_bytes is None:  # room for max_num_seqs sequences at full length
-            num_blocks = config.max_num_seqs * -(-config.max_model_len // bs)
-            self.kv = KVCache(mcfg, num_blocks, bs, dtype)
-        else:
-            self.kv = KVCache.from_bytes(mcfg, config.kv_cache_bytes, bs, dtype)
-        if self.kv.num_blocks * bs < config.max_model_len:
-            raise ValueError(f"kv_cache_bytes={config.kv_cache_bytes} holds {self.kv.num_blocks * bs} tokens, "
-                             f"fewer than one sequence of max_model_len={config.max_model_len}")
+        per_token = mcfg.kv_bytes_per_token(torch.finfo(dtype).bits // 8)
+        kv_bytes = config.kv_cache_bytes
+        if kv_bytes is None:  # room for max_num_seqs full-length sequences, capped: preemption handles the rest
+            kv_bytes = min(config.max_num_seqs * -(-config.max_model_len // bs) * bs * per_token, DEFAULT_KV_CAP)
+        need = -(-config.max_model_len // bs) * bs * per_token
+        if kv_bytes < need:
+            raise ValueError(f"the KV cache gets {kv_bytes:,} bytes but one sequence of max_model_len="
+                             f"{config.max_model_len} needs {need:,} ({per_token:,} bytes per token): raise "
+                             f"kv_cache_bytes or lower max_model_len")
+        self.kv = KVCache.from_bytes(mcfg, kv_bytes, bs, dtype)
         self.block_manager = BlockManager(self.kv.num_blocks, bs)
         self.scheduler = Scheduler(config, self.block_manager, self.clock)
         self.runner = ModelRunner(model, self.kv)
@@ -56,24 +71,19 @@ class LLMEngine:
         self._step = 0
         is_llama2c = isinstance(tokenizer, Tokenizer)
         # llama2.c's data separates documents with BOS and run.c stops on it; EOS ends a text too
-        self.stop_ids = {BOS, EOS} if is_llama2c else {tokenizer.eos_id}
+        self.stop_ids = {BOS, EOS} if is_llama2c else set(tokenizer.stop_ids)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
                     arrival_time: Optional[float] = None) -> str:
         """prompt: text or a list of token ids (BOS included). Validated before anything is queued."""
         params = params or SamplingParams()
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        limit = self.config.max_model_len
-        if len(ids) >= limit:
-            raise ValueError(f"prompt has {len(ids)} tokens but max_model_len is {limit}: "
-                             f"it must be shorter to leave room for at least one generated token")
-        if not ids:
-            raise ValueError("prompt is empty: pass text or at least one token id")
-        V = self.model.config.vocab_size
-        if any(not 0 <= t < V for t in ids):
-            raise ValueError(f"prompt token ids must be in [0, {V}), got {[t for t in ids if not 0 <= t < V][:5]}")
-        request_id = str(next(self._req_ids)) if request_id is None else str(request_id)
+        ids = self.validate(prompt)
+        if request_id is None:
+            request_id = str(next(self._req_ids))
+            while request_id in self.requests:  # never collide with an id the caller chose
+                request_id = str(next(self._req_ids))
+        request_id = str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = self.clock() if arrival_time is None else arrival_time
@@ -85,6 +95,21 @@ class LLMEngine:
         for s in seqs:
             self.scheduler.add(s)
         return request_id
+
+    def validate(self, prompt) -> list[int]:
+        """Prompt -> token ids, or a ValueError naming what is wrong. Queues nothing."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        limit = self.config.max_model_len
+        if not ids:
+            raise ValueError("prompt is empty: pass text or at least one token id")
+        if len(ids) >= limit:
+            raise ValueError(f"prompt has {len(ids)} tokens but max_model_len is {limit}: "
+                             f"it must be shorter to leave room for at least one generated token")
+        V = self.model.config.vocab_size
+        bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < V)]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {V}), got {bad[:5]}")
+        return ids
 
     def abort(self, request_id: str):
         for seq in self.requests.get(str(request_id), []):
@@ -111,15 +136,13 @@ class LLMEngine:
 
     def _check_finished(self, seq: Sequence) -> bool:
         p, tok = seq.params, seq.output_ids[-1]
-        seq.text = self._decode(seq)
-        if not p.ignore_eos and tok in self.stop_ids:
-            seq.finish_reason, seq.stop_reason = "stop", tok
+        if (not p.ignore_eos and tok in self.stop_ids) or tok in p.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", tok  # the stop token is not text
             return True
-        if tok in p.stop_token_ids:
-            seq.finish_reason, seq.stop_reason = "stop", tok
-            return True
-        for s in p.stop:
-            at = seq.text.find(s)
+        before = len(seq.text)
+        seq.text = self._append_text(seq)
+        for s in p.stop:  # a stop string can only end in the newest text: search from just before it
+            at = seq.text.find(s, max(0, before - len(s) + 1))
             if at >= 0:
                 seq.text = seq.text[:at]
                 seq.finish_reason, seq.stop_reason = "stop", s
@@ -129,12 +152,18 @@ class LLMEngine:
             return True
         return False
 
-    def _decode(self, seq: Sequence) -> str:
-        ids = seq.output_ids
-        if ids and ids[-1] in self.stop_ids | set(seq.params.stop_token_ids) and not seq.params.ignore_eos:
-            ids = ids[:-1]  # the stop token itself is not text
-        return self.tokenizer.decode(ids, prev_token=seq.prompt_ids[-1]) if isinstance(self.tokenizer, Tokenizer) \
-            else self.tokenizer.decode(ids)
+    def _append_text(self, seq: Sequence) -> str:
+        """Text of the generated ids, extended by the newest token. llama2.c tokenizers: append the token's
+        bytes (run.c's piece rules, BOS/EOS skipped) and decode the whole buffer, so a character split
+        across byte tokens comes out whole. HF tokenizers: decode with the last prompt token as context,
+        so one that strips a leading space at the start of a text (SentencePiece) keeps it, as vLLM does."""
+        if isinstance(self.tokenizer, Tokenizer):
+            ids = seq.output_ids
+            prev = ids[-2] if len(ids) > 1 else seq.prompt_ids[-1]
+            seq.text_bytes += self.tokenizer.decode_bytes(ids[-1:], prev_token=prev)
+            return seq.text_bytes.decode("utf-8", errors="replace")
+        prefix = self.tokenizer.decode(seq.prompt_ids[-1:])
+        return self.tokenizer.decode(seq.prompt_ids[-1:] + seq.output_ids)[len(prefix):]
 
     def _output(self, request_id: str) -> RequestOutput:
         seqs = self.requests[request_id]

@@ -50,6 +50,9 @@ def read_config(path) -> ModelConfig:
     c = json.load(open(cfg_path))
     if c.get("model_type", "llama") != "llama":
         raise ValueError(f"{cfg_path}: model_type={c.get('model_type')!r}; only 'llama' is supported")
+    if c.get("hidden_act", "silu") != "silu" or c.get("attention_bias") or c.get("mlp_bias"):
+        raise ValueError(f"{cfg_path}: hidden_act={c.get('hidden_act')!r}, attention_bias={c.get('attention_bias')}, "
+                         f"mlp_bias={c.get('mlp_bias')}; this engine implements silu without biases")
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
         raise ValueError(f"{cfg_path}: rope_type={rope.get('rope_type')!r} is not supported (only default RoPE)")
@@ -84,6 +87,9 @@ def load_hf(path) -> Transformer:
     hf = {k.removeprefix("model."): v.to(torch.float32) for k, v in _read_tensors(path).items()}
     if "lm_head.weight" not in hf:
         cfg.shared_classifier = True
+    for key in ("embed_tokens.weight", "norm.weight"):
+        if key not in hf:
+            raise ValueError(f"{path}: tensor {key!r} missing from the safetensors files")
     state = {"tok_embeddings.weight": hf.pop("embed_tokens.weight"), "norm.weight": hf.pop("norm.weight")}
     for i in range(cfg.n_layers):
         for theirs, ours in _NAMES.items():
@@ -97,6 +103,9 @@ def load_hf(path) -> Transformer:
                 w = hf_to_pairs(w, cfg.n_kv_heads)  # n_kv_heads, not n_heads: the GQA-correct permutation
             state[f"layers.{i}.{ours}.weight"] = w
     head = hf.pop("lm_head.weight", None)
+    leftover = sorted(k for k in hf if "rotary_emb" not in k)
+    if leftover:
+        raise ValueError(f"{path}: tensors this Llama engine does not use: {leftover[:6]}")
     state["output.weight"] = state["tok_embeddings.weight"] if cfg.shared_classifier else head
     model = Transformer(cfg)
     model.load_state_dict(state, strict=True)
@@ -115,7 +124,11 @@ class HFTokenizer:
         cfg_file = os.path.join(os.path.dirname(file), "config.json")
         c = json.load(open(cfg_file)) if os.path.exists(cfg_file) else {}
         self.bos_id = c.get("bos_token_id", 1)
-        self.eos_id = c.get("eos_token_id", 2)
+        if not isinstance(self.bos_id, int):
+            raise ValueError(f"{cfg_file}: bos_token_id={self.bos_id!r}; prompts here start with a BOS token id")
+        eos = c.get("eos_token_id", 2)
+        self.stop_ids = set(eos) if isinstance(eos, list) else {eos}  # newer configs list several
+        self.eos_id = min(self.stop_ids)
         self.vocab_size = self._tok.get_vocab_size()
 
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:

@@ -33,13 +33,10 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         # validate every prompt before queueing any, so one bad prompt leaves the engine untouched
-        limit = self.engine.config.max_model_len
-        for p in prompts:
-            n = len(self.tokenizer.encode(p)) if isinstance(p, str) else len(p)
-            if n >= limit:
-                raise ValueError(f"prompt has {n} tokens but max_model_len is {limit}: "
-                                 f"it must be shorter to leave room for at least one generated token")
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        token_ids = [self.engine.validate(p) for p in prompts]
+        ids = [self.engine.add_request(t, sp) for t, sp in zip(token_ids, plist)]
+        for rid, p in zip(ids, prompts):
+            self.engine.prompts[rid] = p if isinstance(p, str) else None
         wanted, done = set(ids), {}
         bar = progress(len(ids), desc="generate", enabled=use_tqdm)
         while wanted - done.keys():

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import copy
 import functools
 import os
 
@@ -90,6 +91,8 @@ def load(model, tokenizer=None, dtype: str = "float32", seed: int = 0):
             if not os.path.exists(tokenizer):
                 raise FileNotFoundError(f"no tokenizer given for {model}; looked for {tokenizer}. "
                                         f"Pass tokenizer=PATH (the CLI's -z / --tokenizer)")
+    elif os.sep in str(model) or str(model).endswith(".bin"):
+        raise FileNotFoundError(f"model file or directory not found: {model}")
     else:
         raise ValueError(f"unknown model {model!r}: not a registered name, a .bin file or a HF directory. "
                          f"Available: {', '.join(available_models())}")
@@ -97,5 +100,9 @@ def load(model, tokenizer=None, dtype: str = "float32", seed: int = 0):
         tokenizer = load_tokenizer(tokenizer, net.config.vocab_size)
     if tokenizer.vocab_size != net.config.vocab_size and not isinstance(tokenizer, HFTokenizer):
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {net.config.vocab_size}")
-    net = net.to(getattr(torch, dtype))
+    if dtype not in ("float32", "float16", "bfloat16", "float64"):
+        raise ValueError(f"dtype={dtype!r} is not one of float32, float16, bfloat16, float64")
+    if next(net.parameters()).dtype != getattr(torch, dtype):
+        net = copy.deepcopy(net) if isinstance(model, Transformer) else net  # never convert the caller's module
+        net = net.to(getattr(torch, dtype))
     return net, tokenizer

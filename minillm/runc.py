@@ -26,7 +26,7 @@ from .tokenizer import BOS, Tokenizer
 def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, write=None, stop_at_bos: bool = True):
     """run.c's generate(): writes bytes through `write`, returns (tokens, tok/s). stop_at_bos=False keeps
     decoding past BOS, so a benchmark always times `steps` positions whatever the weights produce."""
-    write = write or (lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush()))
+
     cfg = model.config
     if steps <= 0 or steps > cfg.max_seq_len:
         steps = cfg.max_seq_len
@@ -43,12 +43,14 @@ def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, w
             pos += 1
             if nxt == BOS and stop_at_bos:
                 break
-            write(tokenizer.printable(tokenizer.piece_bytes(token, nxt)))
+            if write is not None:
+                write(tokenizer.printable(tokenizer.piece_bytes(token, nxt)))
             token = nxt
             out.append(nxt)
             if start is None:
                 start = time.perf_counter()
-    write(b"\n")
+    if write is not None:
+        write(b"\n")
     tok_s = (pos - 1) / (time.perf_counter() - start) if pos > 1 and start else 0.0
     return out, tok_s
 
@@ -92,7 +94,8 @@ def main(argv: list[str]) -> int:
     model = load_bin(ckpt)
     tokenizer = Tokenizer.load(opts["z"], model.config.vocab_size)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
-    _, tok_s = decode_loop(model, tokenizer, RunCSampler(temperature, topp, seed), opts["i"], int(opts["n"]))
+    stdout = lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush())
+    _, tok_s = decode_loop(model, tokenizer, RunCSampler(temperature, topp, seed), opts["i"], int(opts["n"]), stdout)
     if tok_s:
         sys.stderr.write(f"achieved tok/s: {tok_s:f}\n")
     return 0

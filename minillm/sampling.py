@@ -14,6 +14,9 @@ import numpy as np
 import torch
 
 
+_SAMPLING_EPS = 1e-5
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -41,17 +44,23 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if any(not s for s in self.stop):
-            raise ValueError(f"SamplingParams.stop strings must be non-empty, got {self.stop!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"SamplingParams.stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**62):
+            raise ValueError(f"SamplingParams.seed must be None or an integer in [0, 2**62), got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """temperature below 1e-5 is greedy, as in vLLM: logits / 1e-40 would overflow to inf."""
+        return self.temperature < _SAMPLING_EPS
 
 
 def probs_from_logits(logits, temperature: float, top_k: int = 0, top_p: float = 1.0):
     """The distribution actually sampled from, after temperature, top-k and top-p. logits: (V,) -> (V,).
-    Speculative decoding reuses this: p and q are both taken after these transforms."""
+    Speculative decoding reuses this: p and q are both taken after these transforms. Tokens tied with
+    the k-th largest logit are all kept (as vLLM and HF do), so top-k may keep more than k on ties."""
     logits = logits.float() / temperature                              # (V,)
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
@@ -81,7 +90,8 @@ def sample_batch(logits, params: list[SamplingParams], generators: list) -> list
 
 # ---------------------------------------------------------------------------- run.c's sampler
 class RunCSampler:
-    """llama2.c run.c's sampler, bit for bit: xorshift64* coins, float32 softmax, its top-p.
+    """llama2.c run.c's sampler: xorshift64* coins bit for bit, float32 softmax summed in run.c's order,
+    its top-p (numpy's exp may differ from glibc's expf by an ulp, so rare near-ties can differ).
     `python -m minillm run` uses it so that -t/-p/-s behave exactly as run.c's flags do."""
 
     def __init__(self, temperature: float, topp: float, seed: int):
@@ -106,7 +116,7 @@ class RunCSampler:
             return int(np.argmax(x))
         x = x / self.temperature
         e = np.exp(x - x.max())
-        p = (e / e.sum(dtype=np.float32)).astype(np.float32)
+        p = (e / np.cumsum(e, dtype=np.float32)[-1]).astype(np.float32)  # run.c sums in order
         coin = self.random_f32()
         if self.topp <= 0 or self.topp >= 1:
             cdf = np.cumsum(p, dtype=np.float32)

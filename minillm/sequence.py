@@ -39,6 +39,7 @@ class Sequence:
         self.finish_reason: Optional[str] = None
         self.stop_reason = None       # the stop string or token id that ended it
         self.text = ""                # decoded output, maintained by the engine
+        self.text_bytes = b""         # its bytes (llama2.c tokenizers), extended one token per step
         self.generator = torch.Generator().manual_seed(seed)
         self.metrics = RequestMetrics(arrival_time)
 

@@ -175,12 +175,11 @@ class Tokenizer:
         return piece
 
     def decode_bytes(self, ids, prev_token: int | None = None) -> bytes:
+        """Bytes of ids as run.c prints them (before safe_printf). BOS and EOS are not text: skipped."""
         out, prev = [], BOS if prev_token is None else prev_token
         for t in ids:
-            if t in (BOS, EOS) and prev_token is None:
-                prev = t
-                continue
-            out.append(self.piece_bytes(prev, t))
+            if t not in (BOS, EOS):
+                out.append(self.piece_bytes(prev, t))
             prev = t
         return b"".join(out)
 

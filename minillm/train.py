@@ -128,7 +128,10 @@ def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
     opt = _optimizer(model, tc)
     rng = np.random.default_rng(tc.seed)
     step, best, bad, seconds, tokens_seen = 0, float("inf"), 0, 0.0, 0
-    if resume and os.path.exists(state_path):
+    if resume and not os.path.exists(state_path):
+        raise FileNotFoundError(f"--resume: no saved state at {state_path} (use --init-from MODEL.bin to start "
+                                f"from weights alone)")
+    if resume:
         st = torch.load(state_path, weights_only=False)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
@@ -217,8 +220,14 @@ def prepare_data(data_dir: str, vocab_size: int, tokenizer_path: Optional[str] =
     os.makedirs(data_dir, exist_ok=True)
     tok_path = tokenizer_path or os.path.join(data_dir, "tokenizer.bin")
     tr_path, va_path = os.path.join(data_dir, "train.npy"), os.path.join(data_dir, "val.npy")
-    if os.path.exists(tok_path) and os.path.exists(tr_path) and os.path.exists(va_path):
-        return Tokenizer.load(tok_path), np.load(tr_path), np.load(va_path)
+    meta_path = os.path.join(data_dir, "corpus.json")
+    if all(os.path.exists(p) for p in (tok_path, tr_path, va_path, meta_path)):
+        tok, meta = Tokenizer.load(tok_path), json.load(open(meta_path))
+        if meta.get("tokenizer_sha256") == _sha256(tok_path) and (tokenizer_path or tok.vocab_size == vocab_size):
+            return tok, np.load(tr_path), np.load(va_path)
+        log(f"token cache in {data_dir} was made with another tokenizer: rebuilding it")
+    if vocab_size > 65535 and not tokenizer_path:
+        raise ValueError(f"vocab_size={vocab_size}: token streams are stored as uint16 (at most 65535)")
     corpus = build_corpus()
     if tokenizer_path:
         tok = Tokenizer.load(tokenizer_path)
@@ -233,9 +242,15 @@ def prepare_data(data_dir: str, vocab_size: int, tokenizer_path: Optional[str] =
         json.dump({"train_works": [w.name for w in corpus.train], "val_works": [w.name for w in corpus.val],
                    "dropped_editions": corpus.dropped, "train_chars": sum(len(w.text) for w in corpus.train),
                    "val_chars": sum(len(w.text) for w in corpus.val), "train_tokens": int(len(train_ids)),
-                   "val_tokens": int(len(val_ids)), "vocab_size": tok.vocab_size}, f, indent=2)
+                   "val_tokens": int(len(val_ids)), "vocab_size": tok.vocab_size,
+                   "tokenizer_sha256": _sha256(tok_path)}, f, indent=2)
     log(f"corpus: {len(train_ids)} train tokens, {len(val_ids)} val tokens")
     return tok, train_ids, val_ids
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
 def main(argv: list[str]) -> int:

@@ -144,3 +144,16 @@ def test_hf_directory_through_llm_with_tokenizer_json(tmp_path):
     safe = next((i for i, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 1e-4), len(want))
     assert safe >= 6, f"only {safe} steps comparable"
     assert out.token_ids[:safe] == want[:safe]
+
+
+def test_hf_refuses_what_it_cannot_run(tmp_path):
+    _tiny_hf(tmp_path, tie=False, theta_style="top")
+    c = json.load(open(tmp_path / "config.json"))
+    json.dump({**c, "hidden_act": "gelu"}, open(tmp_path / "config.json", "w"))
+    with pytest.raises(ValueError, match="hidden_act='gelu'"):
+        load_hf(tmp_path)
+    json.dump({**c, "eos_token_id": [2, 7]}, open(tmp_path / "config.json", "w"))
+    from minillm.hf import HFTokenizer
+    from tokenizers import Tokenizer as HFTok, models
+    HFTok(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
+    assert HFTokenizer(str(tmp_path)).stop_ids == {2, 7}  # newer configs list several end tokens

@@ -196,3 +196,91 @@ def test_unknown_option_and_bad_engine_values(tiny):
         LLM("random:tiny", batching="sometimes")
     with pytest.raises(ValueError, match="max_model_len=999 exceeds the model's context max_seq_len=256"):
         LLM("random:tiny", max_model_len=999)
+
+
+# ---------------------------------------------------------------- found in review
+@pytest.mark.parametrize("opt", [dict(batching="static"), dict(enable_chunked_prefill=True), dict(backend="numba"),
+                                 dict(enable_prefix_caching=True), dict(preemption_mode="swap"), dict(quantization="int8")])
+def test_options_not_built_yet_are_refused_not_ignored(tiny, opt):
+    with pytest.raises(ValueError, match=f"{next(iter(opt))}=.* is not available in this build yet"):
+        make(tiny, **opt)
+
+
+@pytest.mark.parametrize("kw,match", [(dict(stop=[5]), "stop must be non-empty strings"),
+                                      (dict(stop_token_ids=["x"]), "stop_token_ids"), (dict(seed=-1), "seed"),
+                                      (dict(block_size=16.5), None)])
+def test_bad_values_are_caught_before_the_engine(tiny, kw, match):
+    if match:
+        with pytest.raises(ValueError, match=match):
+            SamplingParams(**kw)
+    else:
+        with pytest.raises(ValueError, match="EngineConfig.block_size must be a positive integer"):
+            make(tiny, **kw)
+
+
+def test_tiny_temperature_is_greedy(tiny):
+    a = make(tiny).generate(PROMPTS[0], SamplingParams(temperature=1e-40, max_tokens=8, ignore_eos=True))
+    b = make(tiny).generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert a[0].token_ids == b[0].token_ids
+
+
+def test_a_bad_prompt_anywhere_queues_nothing(tiny):
+    llm = make(tiny)
+    for bad in ([1, 5, 99999], [], "word " * 400):
+        with pytest.raises(ValueError):
+            llm.generate([PROMPTS[0], bad], GREEDY)
+        assert not llm.engine.has_unfinished_requests()
+    assert llm.generate(PROMPTS[1], GREEDY)[0].token_ids == make(tiny).generate(PROMPTS[1], GREEDY)[0].token_ids
+
+
+def test_stop_and_special_tokens_never_reach_the_text(tiny):
+    model, tok = tiny
+    llm = make(tiny)
+    ids = llm.generate(PROMPTS[0], GREEDY)[0].token_ids
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[ids[3]], ignore_eos=True))[0]
+    assert out.text == tok.decode(out.token_ids[:-1], prev_token=out.prompt_token_ids[-1])
+    assert "<s>" not in tok.decode([5, 1, 6, 2, 7], prev_token=4)  # BOS/EOS mid-text are not text
+
+
+def test_default_pool_is_capped_and_a_too_small_one_names_the_bytes(tiny):
+    from minillm.engine import DEFAULT_KV_CAP
+    from minillm.config import ModelConfig
+    from minillm.model import Transformer
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
+    from minillm.loader import sample_tokenizer
+    big = Transformer(ModelConfig.from_name("stories110M", vocab_size=300, n_layers=1))
+    e = LLMEngine(big, sample_tokenizer(300), EngineConfig(max_num_seqs=512))  # 512 x 1024 tokens would be 1.5 GB
+    assert e.kv.nbytes <= DEFAULT_KV_CAP
+    with pytest.raises(ValueError, match=r"the KV cache gets 1,000 bytes but one sequence of max_model_len=256 needs"):
+        make(tiny, kv_cache_bytes=1000)
+
+
+def test_hf_style_decoding_keeps_the_leading_space():
+    """SentencePiece decoders strip a leading space at the start of a text; generated text is not a start."""
+    from minillm.engine import LLMEngine
+    from minillm.sequence import Sequence
+
+    class StripTok:  # decodes each id as " w<id>", then strips one leading space, as Llama's tokenizer.json does
+        stop_ids = {2}
+
+        def decode(self, ids):
+            return "".join(f" w{i}" for i in ids)[1:]
+
+    eng = LLMEngine.__new__(LLMEngine)
+    eng.tokenizer = StripTok()
+    seq = Sequence(0, "r", 0, [1, 7], SamplingParams(), 0, 0.0)
+    seq.output_ids = [8, 9]
+    assert eng._append_text(seq) == " w8 w9"
+
+
+def test_llm_does_not_convert_the_callers_model(tiny):
+    model, tok = tiny
+    assert next(model.parameters()).dtype == torch.float64
+    LLM(model, tokenizer=tok, dtype="float32")
+    assert next(model.parameters()).dtype == torch.float64
+
+
+def test_missing_model_file_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.bin"):
+        LLM(str(tmp_path / "nope.bin"))

@@ -77,3 +77,9 @@ def test_bad_train_config():
         TrainConfig(dropout=1.0)
     with pytest.raises(ValueError, match="TrainConfig.batch_size"):
         TrainConfig(batch_size=0)
+
+
+def test_resume_without_state_says_so(tmp_path, tokens):
+    tr, va = tokens
+    with pytest.raises(FileNotFoundError, match="--resume: no saved state at .*state.pt"):
+        train(tiny_cfg(), tr, va, TrainConfig(out_dir=str(tmp_path)), resume=True, log=lambda *_: None)
