@@ -5,7 +5,29 @@ import argparse
 import sys
 
 
+def engine_flags(ap: argparse.ArgumentParser):
+    """Every EngineConfig option as --name-with-dashes (dict-valued ones take JSON)."""
+    import json
+    from dataclasses import MISSING, fields
+
+    from .config import EngineConfig
+    for f in fields(EngineConfig):
+        if f.name == "tokenizer":
+            continue
+        flag, default = "--" + f.name.replace("_", "-"), f.default if f.default is not MISSING else None
+        if isinstance(default, bool):
+            ap.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=default, metavar="BOOL")
+        elif f.name in ("quant_config", "speculative"):
+            ap.add_argument(flag, type=json.loads, default=None, metavar="JSON")
+        elif f.name in ("kv_cache_bytes", "max_model_len", "max_num_batched_tokens"):
+            ap.add_argument(flag, type=int, default=None)
+        else:
+            ap.add_argument(flag, type=type(default) if default is not None else str, default=default)
+
+
 def generate_main(argv: list[str]) -> int:
+    from dataclasses import fields
+
     from .config import EngineConfig
     from .llm import LLM
     from .sampling import SamplingParams
@@ -14,24 +36,20 @@ def generate_main(argv: list[str]) -> int:
     ap.add_argument("--model", required=True, help="registered name, random:<preset>, a .bin file or a HF directory")
     ap.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
     ap.add_argument("--tokenizer", default=None)
+    s = ap.add_argument_group("sampling (SamplingParams)")
     for name, typ, default in [("n", int, 1), ("temperature", float, 1.0), ("top-k", int, 0), ("top-p", float, 1.0),
-                               ("seed", int, None), ("max-tokens", int, 16)]:
-        ap.add_argument(f"--{name}", type=typ, default=default)
-    ap.add_argument("--stop", action="append", default=None)
-    ap.add_argument("--stop-token-ids", type=int, nargs="*", default=None)
-    ap.add_argument("--ignore-eos", action="store_true")
-    ap.add_argument("--backend", default="torch")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--block-size", type=int, default=EngineConfig.block_size)
-    ap.add_argument("--max-model-len", type=int, default=None)
-    ap.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
-    ap.add_argument("--kv-cache-bytes", type=int, default=None)
+                               ("sampling-seed", int, None), ("max-tokens", int, 16)]:
+        s.add_argument(f"--{name}", type=typ, default=default)
+    s.add_argument("--stop", action="append", default=None)
+    s.add_argument("--stop-token-ids", type=int, nargs="*", default=None)
+    s.add_argument("--ignore-eos", action="store_true")
+    engine_flags(ap.add_argument_group("engine (EngineConfig; --seed is the engine's)"))
     a = ap.parse_args(argv)
     try:
-        params = SamplingParams(n=a.n, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
+        params = SamplingParams(n=a.n, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.sampling_seed,
                                 max_tokens=a.max_tokens, stop=a.stop, stop_token_ids=a.stop_token_ids, ignore_eos=a.ignore_eos)
-        llm = LLM(a.model, tokenizer=a.tokenizer, backend=a.backend, dtype=a.dtype, block_size=a.block_size,
-                  max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs, kv_cache_bytes=a.kv_cache_bytes)
+        options = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if f.name != "tokenizer"}
+        llm = LLM(a.model, tokenizer=a.tokenizer, **options)
         outs = llm.generate(a.prompt, params)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

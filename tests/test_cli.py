@@ -60,3 +60,19 @@ def test_bench_decode_quick_json(tmp_path, capsys):
     assert main(["bench", "decode", "--model", "random:tiny", "--steps", "16", "--repeats", "2", "--json", str(out)]) == 0
     res = json.load(open(out))
     assert res["steps"] == 16 and res["tok_s_min"] > 0 and len(res["tok_s_all"]) == 2 and res["tok_s_min"] <= res["tok_s_median"] <= res["tok_s_max"]
+
+
+def test_generate_takes_every_engine_option_with_dashes(capsys):
+    from dataclasses import fields
+    from minillm.__main__ import engine_flags
+    from minillm.config import EngineConfig
+    import argparse
+    ap = argparse.ArgumentParser()
+    engine_flags(ap)
+    names = {a.dest for a in ap._actions}
+    assert {f.name for f in fields(EngineConfig)} - {"tokenizer"} <= names
+    rc = main(["generate", "--model", "random:tiny", "--prompt", "x", "--max-tokens", "2", "--block-size", "8",
+               "--max-model-len", "32", "--kv-cache-bytes", "100000", "--trace", "false"])
+    assert rc == 0
+    assert main(["generate", "--model", "random:tiny", "--prompt", "x", "--batching", "static"]) == 2
+    assert "batching='static' is not available" in capsys.readouterr().err

@@ -18,7 +18,8 @@ def test_with_and_without_cache_agree(tiny):
     n, prompt = 24, [1, 300, 17, 42, 5]
     w = P.time_per_token_with_cache(tiny, n, prompt_ids=prompt, repeats=1, keep_logits=True)
     wo = P.time_per_token_without_cache(tiny, n, prompt_ids=prompt, repeats=1, keep_logits=True)
-    assert w.token_ids == wo.token_ids
+    agree = P.greedy_agreement(w, wo)  # DESIGN rule 7: tokens compared up to the first near-tie
+    assert agree["tokens_equal"] and agree["steps_compared"] >= n // 2, agree
     assert w.logits.shape == wo.logits.shape == (n, tiny.config.vocab_size)
     assert (w.logits - wo.logits).abs().max().item() < 1e-4
 
