@@ -1,51 +1,212 @@
-"""The block manager: which physical KV blocks are free, and which sequence owns which (nano-vllm style).
+"""The block manager: which physical KV blocks are free, who owns which, and which hold reusable prefixes.
 
-Pure Python, no tensors: the scheduler asks it for room, the model reads the block tables it fills.
-Reference counts are kept from the start so that sharing (copy-on-write for n > 1, prefix caching)
-can be added on top without changing how blocks are owned and freed.
+Pure Python, no tensors (nano-vllm's BlockManager, vLLM's KVCacheManager): the scheduler asks it for
+room; the model reads the block tables it fills; the engine performs the copies it asks for.
+
+- Reference counts: a block may be in several sequences' tables. n > 1 samples `fork` the prompt's
+  blocks; the first write into a shared block copies it first (copy-on-write), and the copy is
+  returned as (src, dst) for the engine to apply to the K/V tensors.
+- Prefix caching (enable_prefix_caching): a *full* block is named by a hash chaining its parent
+  block's hash and its own token ids, so equal prefixes get equal hashes. A new prompt reuses
+  every leading block whose hash (and tokens) match; a block nobody references stays cached and is
+  evicted least-recently-used only when a fresh block is needed.
+- Swap (swap_blocks > 0): a second pool standing for host memory; swap_out moves a sequence's blocks
+  there and frees the device blocks, swap_in brings them back; both return the (src, dst) pairs.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 from .sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False, swap_blocks: int = 0):
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.free: deque[int] = deque(range(num_blocks))
+        self.prefix_caching = enable_prefix_caching
+        self.free: deque[int] = deque(range(num_blocks))    # ref 0 and holding nothing reusable
         self.ref_count = [0] * num_blocks
+        self.block_hash: list = [None] * num_blocks          # hash of a full block's prefix, or None
+        self.block_tokens: list = [None] * num_blocks        # its token ids, to rule out hash collisions
+        self.cached: dict = {}                               # hash -> block id
+        self.evictable: OrderedDict = OrderedDict()          # cached blocks with ref 0, least recent first
+        self.swap_free: deque[int] = deque(range(swap_blocks))
+        self.swap_blocks = swap_blocks
+        self.prefix_hits = 0                                 # tokens whose K/V came from the cache
 
+    # ------------------------------------------------------------------ counters
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        """Blocks a new sequence could get: free ones plus cached ones nobody uses (evictable)."""
+        return len(self.free) + len(self.evictable)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self.free)
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.evictable)
+
+    # ------------------------------------------------------------------ hashing
+    @staticmethod
+    def chain_hash(parent, tokens) -> int:
+        """Name of a full block: its parent's name and its tokens (ints hash the same in every process)."""
+        return hash((parent, tuple(tokens)))
+
+    def _full_block_hashes(self, token_ids: list[int]) -> list[int]:
+        hashes, parent, bs = [], None, self.block_size
+        for i in range(len(token_ids) // bs):
+            parent = self.chain_hash(parent, token_ids[i * bs:(i + 1) * bs])
+            hashes.append(parent)
+        return hashes
+
+    # ------------------------------------------------------------------ allocation
+    def _take_block(self) -> int:
+        if self.free:
+            b = self.free.popleft()
+        elif self.evictable:  # evict the least recently used cached block
+            b, _ = self.evictable.popitem(last=False)
+            del self.cached[self.block_hash[b]]
+            self.block_hash[b] = self.block_tokens[b] = None
+        else:
+            raise RuntimeError("out of KV blocks")
+        self.ref_count[b] = 1
+        return b
+
+    def _ref(self, b: int):
+        if self.ref_count[b] == 0:
+            self.evictable.pop(b, None)
+        self.ref_count[b] += 1
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        """Extra blocks seq needs so that num_tokens tokens fit."""
+        """Extra blocks seq needs so that num_tokens tokens fit (ignoring prefix-cache hits)."""
         return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.blocks_needed(seq, num_tokens) <= len(self.free)
+        return self.blocks_needed(seq, num_tokens) <= self.num_free
+
+    def allocate_prompt(self, seq: Sequence) -> int:
+        """Blocks for a sequence about to be prefilled from scratch. With prefix caching, leading full blocks
+        already cached are shared instead; returns how many tokens need no computing (always leaving the
+        last token to compute, since its logits are needed)."""
+        assert not seq.block_table, "allocate_prompt is for a sequence that holds no blocks"
+        ids, bs = seq.token_ids, self.block_size
+        hits = 0
+        if self.prefix_caching:
+            for i, h in enumerate(self._full_block_hashes(ids[:-1])):  # the last token is always computed
+                b = self.cached.get(h)
+                if b is None or self.block_tokens[b] != tuple(ids[i * bs:(i + 1) * bs]):
+                    break
+                self._ref(b)
+                seq.block_table.append(b)
+                hits += bs
+        self.allocate(seq, len(seq))
+        self.prefix_hits += hits
+        seq.num_computed = hits
+        return hits
 
     def allocate(self, seq: Sequence, num_tokens: int):
         """Grow seq's block table until num_tokens tokens fit."""
         need = self.blocks_needed(seq, num_tokens)
-        if need > len(self.free):
-            raise RuntimeError(f"out of KV blocks: need {need}, {len(self.free)} free")
+        if need > self.num_free:
+            raise RuntimeError(f"out of KV blocks: need {need}, {self.num_free} free")
         for _ in range(need):
-            b = self.free.popleft()
-            self.ref_count[b] = 1
-            seq.block_table.append(b)
+            seq.block_table.append(self._take_block())
+
+    def prepare_write(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
+        """Before positions start..end-1 are written: make every block they touch private to seq.
+        A shared block is copied (copy-on-write); returns the (src, dst) block copies to perform."""
+        copies, bs = [], self.block_size
+        self.allocate(seq, end)
+        for i in range(start // bs, -(-end // bs)):
+            b = seq.block_table[i]
+            if self.ref_count[b] > 1:
+                new = self._take_block()
+                self.ref_count[b] -= 1
+                seq.block_table[i] = new
+                copies.append((b, new))
+            elif self.block_hash[b] is not None:
+                # rewriting a cached block (after a rollback): its K/V no longer stand for its hash
+                if self.cached.get(self.block_hash[b]) == b:
+                    del self.cached[self.block_hash[b]]
+                self.block_hash[b] = self.block_tokens[b] = None
+        return copies
+
+    def mark_computed(self, seq: Sequence):
+        """After a step: register seq's newly full blocks in the prefix cache."""
+        if not self.prefix_caching:
+            return
+        ids, bs = seq.token_ids, self.block_size
+        parent = None
+        for i in range(min(seq.num_computed, len(ids)) // bs):
+            b = seq.block_table[i]
+            if self.block_hash[b] is not None:
+                parent = self.block_hash[b]
+                continue
+            tokens = tuple(ids[i * bs:(i + 1) * bs])
+            parent = self.chain_hash(parent, tokens)
+            if parent not in self.cached:
+                self.cached[parent] = b
+                self.block_hash[b], self.block_tokens[b] = parent, tokens
+
+    def fork(self, parent: Sequence, child: Sequence):
+        """child shares all of parent's blocks (n > 1 samples after the prompt's prefill)."""
+        child.block_table = list(parent.block_table)
+        for b in child.block_table:
+            self._ref(b)
+        child.num_computed = parent.num_computed
 
     def free_seq(self, seq: Sequence):
         for b in reversed(seq.block_table):
             self.ref_count[b] -= 1
+            assert self.ref_count[b] >= 0, f"block {b} freed more often than referenced"
             if self.ref_count[b] == 0:
-                self.free.append(b)
+                if self.block_hash[b] is not None:
+                    self.evictable[b] = None          # keep its K/V for a future prefix hit
+                else:
+                    self.free.append(b)
         seq.block_table = []
         seq.num_computed = 0
+
+    # ------------------------------------------------------------------ swap
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return len(seq.block_table) <= len(self.swap_free)
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Move seq's blocks to the swap pool. Returns (device block, swap block) pairs to copy."""
+        if not self.can_swap_out(seq):
+            raise RuntimeError(f"swap space full: need {len(seq.block_table)} blocks, {len(self.swap_free)} free")
+        pairs = [(b, self.swap_free.popleft()) for b in seq.block_table]
+        computed = seq.num_computed
+        self.free_seq(seq)
+        seq.swap_table = [s for _, s in pairs]
+        seq.num_computed = computed
+        return pairs
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        return len(seq.swap_table) <= self.num_free
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Bring seq's blocks back. Returns (swap block, device block) pairs to copy."""
+        if not self.can_swap_in(seq):
+            raise RuntimeError(f"out of KV blocks to swap in: need {len(seq.swap_table)}, {self.num_free} free")
+        pairs = [(s, self._take_block()) for s in seq.swap_table]
+        seq.block_table = [b for _, b in pairs]
+        self.swap_free.extend(s for s, _ in pairs)
+        seq.swap_table = []
+        return pairs
+
+    def check(self, seqs):
+        """Invariant check for tests: reference counts equal table occurrences; nothing lost or doubled."""
+        counts = [0] * self.num_blocks
+        for s in seqs:
+            for b in s.block_table:
+                counts[b] += 1
+        assert counts == self.ref_count, "reference counts do not match the block tables"
+        free, evict = set(self.free), set(self.evictable)
+        assert len(free) == len(self.free) and not free & evict
+        for b in range(self.num_blocks):
+            assert (counts[b] == 0) == (b in free or b in evict), f"block {b}: ref {counts[b]}, free/evictable mismatch"
+        assert all(self.block_hash[b] == h for h, b in self.cached.items())
+        assert len(self.swap_free) + sum(len(getattr(s, "swap_table", [])) for s in seqs) == self.swap_blocks

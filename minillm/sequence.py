@@ -35,6 +35,7 @@ class Sequence:
         self.params = params
         self.status = Status.WAITING
         self.block_table: list[int] = []
+        self.swap_table: list[int] = []   # its blocks in the swap pool while swapped out
         self.num_computed = 0         # tokens whose K/V are in the cache
         self.finish_reason: Optional[str] = None
         self.stop_reason = None       # the stop string or token id that ended it
