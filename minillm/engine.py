@@ -34,7 +34,7 @@ DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not
 def _refuse_unbuilt(config: EngineConfig):
     """Options that name techniques later issues build: refuse them rather than silently ignore them."""
     unbuilt = {"backend": "torch", "quantization": None, "kv_cache_dtype": "auto", "speculative": None,
-               "batching": "continuous", "enable_chunked_prefill": False, "enable_prefix_caching": False,
+               "batching": "continuous", "enable_chunked_prefill": False,
                "preemption_mode": "recompute", "swap_bytes": 0}
     for name, default in unbuilt.items():
         if getattr(config, name) != default:
@@ -60,7 +60,7 @@ class LLMEngine:
                              f"{config.max_model_len} needs {need:,} ({per_token:,} bytes per token): raise "
                              f"kv_cache_bytes or lower max_model_len")
         self.kv = KVCache.from_bytes(mcfg, kv_bytes, bs, dtype)
-        self.block_manager = BlockManager(self.kv.num_blocks, bs)
+        self.block_manager = BlockManager(self.kv.num_blocks, bs, enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.clock)
         self.runner = ModelRunner(model, self.kv)
         self.trace = Trace(config.trace)
@@ -128,6 +128,8 @@ class LLMEngine:
         if not batch:
             return []
         n_tokens = batch.num_tokens
+        copies = [c for s, st in zip(batch.seqs, batch.starts) for c in self.block_manager.prepare_write(s, st, len(s))]
+        self.kv.copy_blocks(copies)                                             # copy-on-write, before any write
         logits = self.runner.run(batch)                                         # (B, V)
         ids = sample_batch(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
         self.scheduler.update(batch, ids, self._check_finished)

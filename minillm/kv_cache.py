@@ -54,3 +54,31 @@ class KVCache:
         else:
             k_flat[slots[keep]] = k.reshape(-1, *k.shape[-2:])[keep].to(k_flat.dtype)
             v_flat[slots[keep]] = v.reshape(-1, *v.shape[-2:])[keep].to(v_flat.dtype)
+
+    def copy_blocks(self, pairs):
+        """Copy whole blocks src -> dst in every layer (copy-on-write). pairs: [(src, dst)]."""
+        if pairs:
+            src = torch.tensor([s for s, _ in pairs])              # (P,)
+            dst = torch.tensor([d for _, d in pairs])              # (P,)
+            self.k[:, dst] = self.k[:, src]
+            self.v[:, dst] = self.v[:, src]
+
+
+class SwapSpace:
+    """A second pool of the same layout standing for host memory (vLLM's CPU swap space)."""
+
+    def __init__(self, kv: KVCache, num_blocks: int):
+        shape = (kv.k.shape[0], num_blocks, *kv.k.shape[2:])
+        self.k = torch.zeros(shape, dtype=kv.k.dtype)             # (L, num_swap_blocks, block_size, Hkv, D)
+        self.v = torch.zeros(shape, dtype=kv.v.dtype)             # (L, num_swap_blocks, block_size, Hkv, D)
+        self.num_blocks = num_blocks
+
+    def swap_out(self, kv: KVCache, pairs):
+        """Device blocks -> swap blocks. pairs: [(device block, swap block)]."""
+        for b, s in pairs:
+            self.k[:, s], self.v[:, s] = kv.k[:, b], kv.v[:, b]
+
+    def swap_in(self, kv: KVCache, pairs):
+        """Swap blocks -> device blocks. pairs: [(swap block, device block)]."""
+        for s, b in pairs:
+            kv.k[:, b], kv.v[:, b] = self.k[:, s], self.v[:, s]

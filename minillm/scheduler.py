@@ -61,14 +61,15 @@ class Scheduler:
             if not self.block_manager.can_allocate(seq, n + 1):
                 break
             self.waiting.popleft()
-            self.block_manager.allocate(seq, n)
+            hits = self.block_manager.allocate_prompt(seq)  # prefix-cache hits need no computing
+            seq.metrics.num_cached_tokens += hits
             seq.status = Status.RUNNING
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = self.clock()
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.starts.append(seq.num_computed)
-            tokens += n
+            tokens += n - hits
         return batch
 
     def _schedule_decode(self) -> ScheduledBatch:
@@ -105,6 +106,7 @@ class Scheduler:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
             seq.metrics.token_times.append(now)
+            self.block_manager.mark_computed(seq)   # full blocks become reusable prefixes
             if is_finished(seq):
                 self.finish(seq)
 

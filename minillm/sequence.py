@@ -24,6 +24,7 @@ class RequestMetrics:
     token_times: list = field(default_factory=list)
     finished_time: Optional[float] = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0      # prompt tokens whose K/V came from the prefix cache
 
 
 class Sequence:

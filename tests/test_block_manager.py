@@ -128,3 +128,19 @@ def test_random_operations_keep_every_invariant(ops, caching, block_size):
         bm.free_seq(s)
     bm.check([])
     assert bm.num_free == 24 and sum(bm.ref_count) == 0 and len(bm.swap_free) == 12
+
+
+def test_kv_copy_and_swap_move_the_data():
+    import torch
+    from minillm.config import ModelConfig
+    from minillm.kv_cache import KVCache, SwapSpace
+    kv = KVCache(ModelConfig.from_name("tiny"), num_blocks=4, block_size=2)
+    kv.k.normal_(), kv.v.normal_()
+    before = kv.k[:, 1].clone()
+    kv.copy_blocks([(1, 3)])
+    assert torch.equal(kv.k[:, 3], before) and torch.equal(kv.v[:, 3], kv.v[:, 1])
+    sw = SwapSpace(kv, 2)
+    sw.swap_out(kv, [(1, 0)])
+    kv.k[:, 1] = 0
+    sw.swap_in(kv, [(0, 2)])
+    assert torch.equal(kv.k[:, 2], before)

@@ -200,7 +200,7 @@ def test_unknown_option_and_bad_engine_values(tiny):
 
 # ---------------------------------------------------------------- found in review
 @pytest.mark.parametrize("opt", [dict(batching="static"), dict(enable_chunked_prefill=True), dict(backend="numba"),
-                                 dict(enable_prefix_caching=True), dict(preemption_mode="swap"), dict(quantization="int8")])
+                                 dict(preemption_mode="swap"), dict(quantization="int8")])
 def test_options_not_built_yet_are_refused_not_ignored(tiny, opt):
     with pytest.raises(ValueError, match=f"{next(iter(opt))}=.* is not available in this build yet"):
         make(tiny, **opt)
@@ -284,3 +284,23 @@ def test_llm_does_not_convert_the_callers_model(tiny):
 def test_missing_model_file_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.bin"):
         LLM(str(tmp_path / "nope.bin"))
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_prefix_cache_hits_do_not_change_outputs(tiny, block_size):
+    """float64, so reusing K/V computed in another batch is exactly what recomputing would give."""
+    model, tok = tiny
+    shared = "ACT I. Scene I. Elsinore. A platform before the Castle. Enter Bernardo and Francisco."
+    prompts = [shared + " Who's there?", shared + " Nay, answer me", shared + " Long live the king!"]
+    plain = [o.token_ids for o in make(tiny, block_size=block_size).generate(prompts, GREEDY)]
+    llm = make(tiny, block_size=block_size, enable_prefix_caching=True)
+    first = llm.generate(prompts[:1], GREEDY)             # fills the cache
+    rest = llm.generate(prompts[1:], GREEDY)              # reuses the shared prefix
+    assert [o.token_ids for o in first + rest] == plain
+    n_shared = len(tok.encode(shared)) - 1                # the last shared token may merge with what follows
+    hits = [o.metrics.num_cached_tokens for o in rest]
+    assert all(h >= (n_shared // block_size - 1) * block_size and h % block_size == 0 for h in hits), hits
+    again = llm.generate(prompts[:1], GREEDY)[0]          # all of it cached but the last token
+    assert again.token_ids == plain[0] and again.metrics.num_cached_tokens >= len(again.prompt_token_ids) - block_size
+    bm = llm.engine.block_manager
+    assert bm.num_free == bm.num_blocks and bm.num_cached > 0  # nothing held, the prefixes kept
