@@ -65,6 +65,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv)
         self.trace = Trace(config.trace)
         self.requests: dict[str, list[Sequence]] = {}
+        self.pending_forks: dict[int, list[Sequence]] = {}  # parent seq_id -> siblings waiting for its prefill
         self.prompts: dict[str, Optional[str]] = {}
         self._seq_ids = itertools.count()
         self._req_ids = itertools.count()
@@ -92,8 +93,11 @@ class LLMEngine:
         seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, base_seed + i, now) for i in range(params.n)]
         self.requests[request_id] = seqs
         self.prompts[request_id] = prompt if isinstance(prompt, str) else None
-        for s in seqs:
-            self.scheduler.add(s)
+        # n > 1: only the first sample is prefilled; the others fork its blocks after the prefill and
+        # share them until they write (copy-on-write), as vLLM's parallel sampling does
+        self.scheduler.add(seqs[0])
+        if len(seqs) > 1:
+            self.pending_forks[seqs[0].seq_id] = seqs[1:]
         return request_id
 
     def validate(self, prompt) -> list[int]:
@@ -132,9 +136,24 @@ class LLMEngine:
         self.kv.copy_blocks(copies)                                             # copy-on-write, before any write
         logits = self.runner.run(batch)                                         # (B, V)
         ids = sample_batch(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
+        self._fork_samples(batch, logits, ids)
         self.scheduler.update(batch, ids, self._check_finished)
         self._record(batch, n_tokens, start)
         return [self._output(rid) for rid in dict.fromkeys(s.request_id for s in batch.seqs)]
+
+    def _fork_samples(self, batch, logits, ids):
+        """After a parent's prefill, its n - 1 siblings share its blocks and sample their own first token
+        from the same logits with their own generators. They join the batch's update below."""
+        for b, parent in enumerate(list(batch.seqs)):
+            for child in self.pending_forks.pop(parent.seq_id, []):
+                if child.is_finished:  # aborted while waiting
+                    continue
+                self.block_manager.fork(parent, child)
+                child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
+                self.scheduler.add_running(child)
+                batch.seqs.append(child)
+                batch.starts.append(parent.num_computed)
+                ids.append(sample_batch(logits[b:b + 1], [child.params], [child.generator])[0])
 
     def _check_finished(self, seq: Sequence) -> bool:
         p, tok = seq.params, seq.output_ids[-1]

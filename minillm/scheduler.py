@@ -43,6 +43,11 @@ class Scheduler:
     def add(self, seq: Sequence):
         self.waiting.append(seq)
 
+    def add_running(self, seq: Sequence):
+        """A sequence that arrives with its blocks already in place (a forked sample)."""
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -113,7 +118,7 @@ class Scheduler:
     def finish(self, seq: Sequence):
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
-        elif seq.status is Status.WAITING:
+        elif seq in self.waiting:  # (a sample still waiting to be forked is in no queue)
             self.waiting.remove(seq)
         self.block_manager.free_seq(seq)
         seq.status = Status.FINISHED

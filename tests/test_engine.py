@@ -304,3 +304,36 @@ def test_prefix_cache_hits_do_not_change_outputs(tiny, block_size):
     assert again.token_ids == plain[0] and again.metrics.num_cached_tokens >= len(again.prompt_token_ids) - block_size
     bm = llm.engine.block_manager
     assert bm.num_free == bm.num_blocks and bm.num_cached > 0  # nothing held, the prefixes kept
+
+
+def test_n_samples_share_prompt_blocks_copy_on_write_and_equal_separate_requests(tiny):
+    """n = 3 with seed s gives the samples that three n = 1 requests with seeds s, s+1, s+2 give (float64),
+    while the prompt's full blocks are held once, not three times."""
+    sp = lambda n, seed: SamplingParams(n=n, temperature=1.0, seed=seed, max_tokens=10, ignore_eos=True)
+    prompt = PROMPTS[3]
+    llm = make(tiny, block_size=4)
+    engine = llm.engine
+    rid = engine.add_request(prompt, sp(3, 40))
+    engine.step()                                            # the prefill, then the fork
+    seqs = engine.requests[rid]
+    n_prompt = len(seqs[0].prompt_ids)
+    full = n_prompt // 4
+    assert n_prompt % 4, "the prompt must end inside a block, so that block is shared and then copied"
+    assert all(s.block_table == seqs[0].block_table for s in seqs)  # all shared until the first write
+    assert all(s.block_table[:full] == seqs[0].block_table[:full] for s in seqs)
+    assert all(engine.block_manager.ref_count[b] == 3 for b in seqs[0].block_table[:full])
+    while engine.has_unfinished_requests():
+        engine.step()
+    out = engine.pop_finished()[0]
+    alone = [make(tiny).generate(prompt, sp(1, 40 + i))[0].token_ids for i in range(3)]
+    assert [c.token_ids for c in out.outputs] == alone
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
+
+
+def test_abort_before_the_fork(tiny):
+    engine = make(tiny).engine
+    rid = engine.add_request(PROMPTS[0], SamplingParams(n=3, max_tokens=5))
+    engine.abort(rid)
+    assert not engine.has_unfinished_requests()
+    out = engine.pop_finished()[0]
+    assert [c.finish_reason for c in out.outputs] == ["abort"] * 3
