@@ -34,7 +34,6 @@ DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not
 def _refuse_unbuilt(config: EngineConfig):
     """Options that name techniques later issues build: refuse them rather than silently ignore them."""
     unbuilt = {"backend": "torch", "quantization": None, "kv_cache_dtype": "auto", "speculative": None,
-               "batching": "continuous", "enable_chunked_prefill": False,
                "preemption_mode": "recompute", "swap_bytes": 0}
     for name, default in unbuilt.items():
         if getattr(config, name) != default:
@@ -131,28 +130,32 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        n_tokens = batch.num_tokens
-        copies = [c for s, st in zip(batch.seqs, batch.starts) for c in self.block_manager.prepare_write(s, st, len(s))]
+        n_prefill, n_decode = batch.num_prefill_tokens, batch.num_decode_tokens
+        copies = [c for s, st, e in zip(batch.seqs, batch.starts, batch.ends)
+                  for c in self.block_manager.prepare_write(s, st, e)]
         self.kv.copy_blocks(copies)                                             # copy-on-write, before any write
         logits = self.runner.run(batch)                                         # (B, V)
+        done = [e == len(s) for s, e in zip(batch.seqs, batch.ends)]           # False: a partial prompt chunk
         ids = sample_batch(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
+        ids = [t if d else None for t, d in zip(ids, done)]
         self._fork_samples(batch, logits, ids)
         self.scheduler.update(batch, ids, self._check_finished)
-        self._record(batch, n_tokens, start)
+        self._record(batch, n_prefill, n_decode, start)
         return [self._output(rid) for rid in dict.fromkeys(s.request_id for s in batch.seqs)]
 
     def _fork_samples(self, batch, logits, ids):
         """After a parent's prefill, its n - 1 siblings share its blocks and sample their own first token
         from the same logits with their own generators. They join the batch's update below."""
         for b, parent in enumerate(list(batch.seqs)):
+            if ids[b] is None:  # the parent's prompt is not complete yet
+                continue
             for child in self.pending_forks.pop(parent.seq_id, []):
                 if child.is_finished:  # aborted while waiting
                     continue
                 self.block_manager.fork(parent, child)
                 child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
                 self.scheduler.add_running(child)
-                batch.seqs.append(child)
-                batch.starts.append(parent.num_computed)
+                batch.add(child, parent.num_computed, len(child))
                 ids.append(sample_batch(logits[b:b + 1], [child.params], [child.generator])[0])
 
     def _check_finished(self, seq: Sequence) -> bool:
@@ -192,14 +195,13 @@ class LLMEngine:
         done = all(s.is_finished for s in seqs)
         return RequestOutput(request_id, self.prompts[request_id], list(seqs[0].prompt_ids), outs, done, seqs[0].metrics)
 
-    def _record(self, batch, n_tokens: int, start: float):
+    def _record(self, batch, n_prefill: int, n_decode: int, start: float):
         bm, bs = self.block_manager, self.kv.block_size
         per_block = self.kv.nbytes // self.kv.num_blocks
-        filled = sum(len(s) - 1 for s in self.scheduler.running)  # K/V written for running sequences
+        filled = sum(s.num_computed for s in self.scheduler.running + self.scheduler.padding)  # K/V written
         self.trace.record(StepRecord(
             step=self._step, kind=batch.kind, seq_ids=[s.seq_id for s in batch.seqs],
-            num_prefill_tokens=n_tokens if batch.kind == "prefill" else 0,
-            num_decode_tokens=n_tokens if batch.kind == "decode" else 0,
+            num_prefill_tokens=n_prefill, num_decode_tokens=n_decode, num_padding=len(batch.padding),
             blocks_used=bm.num_used, blocks_free=bm.num_free, kv_bytes_used=bm.num_used * per_block,
             kv_bytes_filled=filled * per_block // bs, start=start, seconds=self.clock() - start))
         self._step += 1

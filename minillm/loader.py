@@ -102,7 +102,7 @@ def load(model, tokenizer=None, dtype: str = "float32", seed: int = 0):
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {net.config.vocab_size}")
     if dtype not in ("float32", "float16", "bfloat16", "float64"):
         raise ValueError(f"dtype={dtype!r} is not one of float32, float16, bfloat16, float64")
-    if next(net.parameters()).dtype != getattr(torch, dtype):
-        net = copy.deepcopy(net) if isinstance(model, Transformer) else net  # never convert the caller's module
-        net = net.to(getattr(torch, dtype))
+    if isinstance(model, Transformer) and next(net.parameters()).dtype != getattr(torch, dtype):
+        net = copy.deepcopy(net)  # never convert the caller's module's weights
+    net = net.to(getattr(torch, dtype))  # weights and the RoPE tables
     return net, tokenizer

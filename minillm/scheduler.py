@@ -1,10 +1,18 @@
-"""The scheduler: who runs this step. FCFS, iteration-level (Orca-style continuous batching).
+"""The scheduler: who runs this step, and how many of their tokens. FCFS throughout.
 
-Each step is either a prefill of newly admitted sequences or one decode token for every running
-sequence (vLLM's default before chunked prefill). A sequence is admitted only if the block manager
-has room for its whole prompt plus one token; when a decode step finds no free block, the most
-recently admitted sequence is preempted by recompute: its blocks are freed and it waits again at the
-front of the queue, to be prefilled anew with the tokens it has so far.
+Batching policies (EngineConfig.batching), each a rule for when waiting requests may join:
+- "continuous" (Orca, Yu et al. 2022): at every step. A step is a prefill of newly admitted
+  sequences or one decode token for every running one (vLLM's default before chunked prefill).
+- "static" (FasterTransformer): only into an empty batch; a finished sequence stays in the batch as
+  padding, holding its blocks and costing a row of compute, until the whole batch has finished.
+- "dynamic" (Triton's dynamic batcher): static, but the batch is formed once max_num_seqs requests
+  wait or the oldest has waited batch_window_s.
+With enable_chunked_prefill (Sarathi-Serve; DeepSpeed-FastGen's SplitFuse), every step has a budget of
+max_num_batched_tokens: running decodes first, then prompt chunks, so long prompts never stall decodes.
+
+A sequence is admitted only if its whole prompt plus one token fits in free blocks (prefix-cache
+hits counted as free). When a decode finds no free block, the most recently admitted sequence is
+preempted by recompute: its blocks are freed and it waits again at the front of the queue.
 """
 from __future__ import annotations
 
@@ -19,13 +27,24 @@ from .sequence import Sequence, Status
 
 @dataclass
 class ScheduledBatch:
-    kind: str                                   # "prefill" or "decode"
-    seqs: list = field(default_factory=list)    # [Sequence]
-    starts: list = field(default_factory=list)  # first position each sequence computes this step
+    kind: str                                    # "prefill", "decode" or "mixed"
+    seqs: list = field(default_factory=list)     # [Sequence]
+    starts: list = field(default_factory=list)   # first position each sequence computes this step
+    ends: list = field(default_factory=list)     # one past its last (< len(seq) for a partial prompt chunk)
+    padding: list = field(default_factory=list)  # finished sequences riding along (static batching)
+
+    def add(self, seq: Sequence, start: int, end: int | None = None):
+        self.seqs.append(seq)
+        self.starts.append(start)
+        self.ends.append(len(seq) if end is None else end)
 
     @property
-    def num_tokens(self) -> int:
-        return sum(len(s) - st for s, st in zip(self.seqs, self.starts))
+    def num_prefill_tokens(self) -> int:
+        return sum(e - s for q, s, e in zip(self.seqs, self.starts, self.ends) if s < len(q) - 1)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(1 for q, s in zip(self.seqs, self.starts) if s == len(q) - 1)
 
     def __bool__(self):
         return bool(self.seqs)
@@ -38,7 +57,9 @@ class Scheduler:
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.max_batched_tokens = config.max_num_batched_tokens or max(config.max_model_len, 2048)
+        self.padding: list[Sequence] = []   # static/dynamic: finished, still holding their batch slot
+        default_budget = 512 if config.enable_chunked_prefill else max(config.max_model_len, 2048)
+        self.budget = config.max_num_batched_tokens or default_budget
 
     def add(self, seq: Sequence):
         self.waiting.append(seq)
@@ -53,17 +74,31 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> ScheduledBatch:
-        batch = self._schedule_prefill()
-        return batch if batch else self._schedule_decode()
+        if self.config.batching == "continuous":
+            if self.config.enable_chunked_prefill:
+                return self._schedule_chunked()
+            batch = self._admit(ScheduledBatch("prefill"), self.budget)
+            return batch if batch else self._schedule_decode()
+        if not self.running and not self.padding and self._batch_may_form():
+            return self._admit(ScheduledBatch("prefill"), float("inf"))  # the whole batch, at once
+        return self._schedule_decode()
 
-    def _schedule_prefill(self) -> ScheduledBatch:
-        batch, tokens = ScheduledBatch("prefill"), 0
+    def _batch_may_form(self) -> bool:
+        if self.config.batching == "static" or not self.waiting:
+            return True
+        waited = self.clock() - self.waiting[0].metrics.arrival_time
+        return len(self.waiting) >= self.config.max_num_seqs or waited >= self.config.batch_window_s
+
+    def _admit(self, batch: ScheduledBatch, budget) -> ScheduledBatch:
+        """Move waiting sequences to running while seats, blocks and the token budget allow."""
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            n = len(seq)
-            if batch and tokens + n > self.max_batched_tokens:
+            if not self.block_manager.can_allocate(seq, len(seq) + 1):
                 break
-            if not self.block_manager.can_allocate(seq, n + 1):
+            chunked = self.config.enable_chunked_prefill
+            if not chunked and batch and len(seq) > budget:
+                break
+            if chunked and budget < 1:
                 break
             self.waiting.popleft()
             hits = self.block_manager.allocate_prompt(seq)  # prefix-cache hits need no computing
@@ -72,26 +107,42 @@ class Scheduler:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = self.clock()
             self.running.append(seq)
-            batch.seqs.append(seq)
-            batch.starts.append(seq.num_computed)
-            tokens += n - hits
+            end = min(len(seq), seq.num_computed + budget) if chunked else len(seq)
+            batch.add(seq, seq.num_computed, end)
+            budget -= end - seq.num_computed
         return batch
+
+    def _ensure_slot(self, seq: Sequence, end: int) -> bool:
+        """Blocks for positions up to end, preempting the newest sequences if needed. False if seq itself went."""
+        while not self.block_manager.can_allocate(seq, end):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.block_manager.allocate(seq, end)
+        return True
 
     def _schedule_decode(self) -> ScheduledBatch:
         batch = ScheduledBatch("decode")
         for seq in list(self.running):
-            if seq.status is not Status.RUNNING:
-                continue  # preempted below while making room for an earlier sequence
-            while not self.block_manager.can_allocate(seq, len(seq)):
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is seq:
-                    break
-            if seq.status is Status.RUNNING:
-                self.block_manager.allocate(seq, len(seq))
-                batch.seqs.append(seq)
-                batch.starts.append(len(seq) - 1)
+            if seq.status is Status.RUNNING and self._ensure_slot(seq, len(seq)):
+                batch.add(seq, len(seq) - 1)
+        batch.padding = list(self.padding)
         return batch
+
+    def _schedule_chunked(self) -> ScheduledBatch:
+        batch, budget = ScheduledBatch("mixed"), self.budget
+        for seq in list(self.running):                      # decodes first: they never wait for a prompt
+            if seq.status is Status.RUNNING and seq.num_computed == len(seq) - 1 and budget > 0:
+                if self._ensure_slot(seq, len(seq)):
+                    batch.add(seq, len(seq) - 1)
+                    budget -= 1
+        for seq in list(self.running):                      # then the rest of prompts already begun
+            if seq.status is Status.RUNNING and seq.num_computed < len(seq) - 1 and budget > 0:
+                end = min(len(seq), seq.num_computed + budget)
+                batch.add(seq, seq.num_computed, end)
+                budget -= end - seq.num_computed
+        return self._admit(batch, budget)                   # then new prompts, chunked to the budget
 
     def _preempt(self, seq: Sequence):
         """Recompute preemption: drop the sequence's KV, queue it first; its prefill rebuilds the KV."""
@@ -102,24 +153,41 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # ------------------------------------------------------------------ update
-    def update(self, batch: ScheduledBatch, ids: list[int], is_finished: Callable[[Sequence], bool]):
-        """Append each sequence's new token; finish (and free) those that are done."""
+    def update(self, batch: ScheduledBatch, ids: list, is_finished: Callable[[Sequence], bool]):
+        """Record what was computed; append each completed sequence's new token (ids[i] is None for a
+        partial prompt chunk); finish those that are done."""
         now = self.clock()
-        for seq, tok in zip(batch.seqs, ids):
-            seq.num_computed = len(seq)
+        for seq, end, tok in zip(batch.seqs, batch.ends, ids):
+            seq.num_computed = end
+            if tok is None:
+                self.block_manager.mark_computed(seq)
+                continue
             seq.output_ids.append(tok)
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
             seq.metrics.token_times.append(now)
             self.block_manager.mark_computed(seq)   # full blocks become reusable prefixes
             if is_finished(seq):
-                self.finish(seq)
+                self.finish(seq, pad=self.config.batching != "continuous")
+        self._release_padding_if_done()
 
-    def finish(self, seq: Sequence):
+    def _release_padding_if_done(self):
+        if self.padding and not self.running:       # the static batch is over: release its padding
+            for seq in self.padding:
+                self.block_manager.free_seq(seq)
+            self.padding = []
+
+    def finish(self, seq: Sequence, pad: bool = False):
+        """Done (or aborted). With pad, the sequence keeps its blocks as padding until its batch ends."""
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:  # (a sample still waiting to be forked is in no queue)
             self.waiting.remove(seq)
-        self.block_manager.free_seq(seq)
+        if pad and seq.block_table:
+            self.padding.append(seq)
+        else:
+            self.block_manager.free_seq(seq)
         seq.status = Status.FINISHED
         seq.metrics.finished_time = self.clock()
+        if not pad:
+            self._release_padding_if_done()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 @dataclass
 class StepRecord:
     step: int
-    kind: str                 # "prefill" or "decode"
+    kind: str                 # "prefill", "decode" or "mixed" (chunked prefill)
     seq_ids: list             # which sequences ran
     num_prefill_tokens: int
     num_decode_tokens: int
@@ -17,6 +17,7 @@ class StepRecord:
     kv_bytes_filled: int      # bytes actually holding tokens (the rest of the used blocks is waste)
     start: float
     seconds: float
+    num_padding: int = 0      # finished sequences computed as padding rows (static batching)
 
 
 @dataclass

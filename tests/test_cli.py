@@ -74,5 +74,5 @@ def test_generate_takes_every_engine_option_with_dashes(capsys):
     rc = main(["generate", "--model", "random:tiny", "--prompt", "x", "--max-tokens", "2", "--block-size", "8",
                "--max-model-len", "32", "--kv-cache-bytes", "100000", "--trace", "false"])
     assert rc == 0
-    assert main(["generate", "--model", "random:tiny", "--prompt", "x", "--batching", "static"]) == 2
-    assert "batching='static' is not available" in capsys.readouterr().err
+    assert main(["generate", "--model", "random:tiny", "--prompt", "x", "--preemption-mode", "swap"]) == 2
+    assert "preemption_mode='swap' is not available" in capsys.readouterr().err

@@ -38,9 +38,14 @@ def test_generate_equals_plain_greedy_loop(tiny):
     assert len(out.token_ids) == 24 and out.outputs[0].finish_reason == "length"
 
 
+MODES = [dict(), dict(batching="static"), dict(batching="dynamic"),
+         dict(enable_chunked_prefill=True, max_num_batched_tokens=7), dict(max_num_seqs=2)]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: ",".join(f"{k}={v}" for k, v in m.items()) or "continuous")
 @pytest.mark.parametrize("block_size", [1, 16, 256])
-def test_batched_equals_sequential_and_block_size_free(tiny, block_size):
-    llm = make(tiny, block_size=block_size)
+def test_batched_equals_sequential_and_block_size_free(tiny, block_size, mode):
+    llm = make(tiny, block_size=block_size, **mode)
     together = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     alone = [make(tiny).generate(p, GREEDY)[0].token_ids for p in PROMPTS]
     assert together == alone
@@ -199,8 +204,7 @@ def test_unknown_option_and_bad_engine_values(tiny):
 
 
 # ---------------------------------------------------------------- found in review
-@pytest.mark.parametrize("opt", [dict(batching="static"), dict(enable_chunked_prefill=True), dict(backend="numba"),
-                                 dict(preemption_mode="swap"), dict(quantization="int8")])
+@pytest.mark.parametrize("opt", [dict(backend="numba"), dict(preemption_mode="swap"), dict(quantization="int8")])
 def test_options_not_built_yet_are_refused_not_ignored(tiny, opt):
     with pytest.raises(ValueError, match=f"{next(iter(opt))}=.* is not available in this build yet"):
         make(tiny, **opt)
@@ -337,3 +341,53 @@ def test_abort_before_the_fork(tiny):
     assert not engine.has_unfinished_requests()
     out = engine.pop_finished()[0]
     assert [c.finish_reason for c in out.outputs] == ["abort"] * 3
+
+
+def test_static_batching_admits_only_into_an_empty_batch_and_pads(tiny):
+    llm = make(tiny, batching="static", max_num_seqs=2)
+    sps = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (2, 6, 3)]
+    outs = llm.generate(PROMPTS[:3], sps)
+    assert [len(o.token_ids) for o in outs] == [2, 6, 3]
+    steps = llm.engine.trace.steps
+    kinds = [s.kind for s in steps]
+    # batch 1 (two requests): prefill + 5 decodes (the short one pads after its 2nd token); batch 2: prefill + 2
+    assert kinds == ["prefill"] + ["decode"] * 5 + ["prefill"] + ["decode"] * 2
+    assert [s.num_padding for s in steps[1:6]] == [0, 1, 1, 1, 1]
+    assert steps[6].seq_ids == [2]  # the third request waited for the whole first batch
+    assert llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks
+
+
+def test_dynamic_batching_waits_for_the_window_or_a_full_batch(tiny):
+    model, tok = tiny
+    from minillm.config import EngineConfig
+    from minillm.engine import LLMEngine
+    now = [0.0]
+    engine = LLMEngine(model, tok, EngineConfig(batching="dynamic", batch_window_s=1.0, max_num_seqs=3, dtype="float64"),
+                       clock=lambda: now[0])
+    engine.add_request(PROMPTS[0], GREEDY)
+    assert engine.step() == [] and not engine.trace.steps     # window open, batch not full: wait
+    now[0] = 0.5
+    engine.add_request(PROMPTS[1], GREEDY)
+    assert engine.step() == []
+    now[0] = 1.0                                              # the oldest has waited the window
+    engine.step()
+    assert engine.trace.steps[-1].kind == "prefill" and len(engine.trace.steps[-1].seq_ids) == 2
+    for p in PROMPTS[:3]:
+        engine.add_request(p, GREEDY)                         # three wait: a full batch forms at once...
+    while engine.trace.steps[-1].kind != "prefill" or len(engine.trace.steps[-1].seq_ids) != 3:
+        engine.step()                                         # ...as soon as the running batch ends
+    assert engine.trace.steps[-1].start == now[0]
+
+
+def test_chunked_prefill_keeps_decodes_going_within_the_budget(tiny):
+    llm = make(tiny, enable_chunked_prefill=True, max_num_batched_tokens=8)
+    engine = llm.engine
+    engine.add_request(PROMPTS[1], GREEDY)                   # short: prefilled in one step
+    engine.step()
+    engine.add_request("word " * 30, GREEDY)                  # long: arrives while the first decodes
+    for _ in range(3):
+        engine.step()
+    for s in engine.trace.steps[1:]:
+        assert s.num_prefill_tokens + s.num_decode_tokens <= 8
+        assert s.num_decode_tokens == 1                       # the first request decoded every step
+    assert all(s.kind == "mixed" for s in engine.trace.steps)
