@@ -114,6 +114,12 @@ class BlockManager:
         for _ in range(need):
             seq.block_table.append(self._take_block())
 
+    def write_cost(self, seq: Sequence, start: int, end: int) -> int:
+        """Fresh blocks that writing positions start..end-1 takes: growth plus copies of shared blocks."""
+        bs, table = self.block_size, seq.block_table
+        cow = sum(1 for i in range(start // bs, min(len(table), -(-end // bs))) if self.ref_count[table[i]] > 1)
+        return self.blocks_needed(seq, end) + cow
+
     def prepare_write(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
         """Before positions start..end-1 are written: make every block they touch private to seq.
         A shared block is copied (copy-on-write); returns the (src, dst) block copies to perform."""

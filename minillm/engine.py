@@ -131,9 +131,7 @@ class LLMEngine:
         if not batch:
             return []
         n_prefill, n_decode = batch.num_prefill_tokens, batch.num_decode_tokens
-        copies = [c for s, st, e in zip(batch.seqs, batch.starts, batch.ends)
-                  for c in self.block_manager.prepare_write(s, st, e)]
-        self.kv.copy_blocks(copies)                                             # copy-on-write, before any write
+        self.kv.copy_blocks(batch.copies)                                       # copy-on-write, before any write
         logits = self.runner.run(batch)                                         # (B, V)
         done = [e == len(s) for s, e in zip(batch.seqs, batch.ends)]           # False: a partial prompt chunk
         ids = sample_batch(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])

@@ -32,6 +32,7 @@ class ScheduledBatch:
     starts: list = field(default_factory=list)   # first position each sequence computes this step
     ends: list = field(default_factory=list)     # one past its last (< len(seq) for a partial prompt chunk)
     padding: list = field(default_factory=list)  # finished sequences riding along (static batching)
+    copies: list = field(default_factory=list)   # (src, dst) block copies to make first (copy-on-write)
 
     def add(self, seq: Sequence, start: int, end: int | None = None):
         self.seqs.append(seq)
@@ -112,20 +113,22 @@ class Scheduler:
             budget -= end - seq.num_computed
         return batch
 
-    def _ensure_slot(self, seq: Sequence, end: int) -> bool:
-        """Blocks for positions up to end, preempting the newest sequences if needed. False if seq itself went."""
-        while not self.block_manager.can_allocate(seq, end):
+    def _ensure_slot(self, batch: ScheduledBatch, seq: Sequence, start: int, end: int) -> bool:
+        """Private blocks for positions start..end-1 (growing the table, copying shared blocks), preempting
+        the newest sequences if needed. False if seq itself was preempted."""
+        bm = self.block_manager
+        while bm.write_cost(seq, start, end) > bm.num_free:
             victim = self.running[-1]
             self._preempt(victim)
             if victim is seq:
                 return False
-        self.block_manager.allocate(seq, end)
+        batch.copies += bm.prepare_write(seq, start, end)
         return True
 
     def _schedule_decode(self) -> ScheduledBatch:
         batch = ScheduledBatch("decode")
         for seq in list(self.running):
-            if seq.status is Status.RUNNING and self._ensure_slot(seq, len(seq)):
+            if seq.status is Status.RUNNING and self._ensure_slot(batch, seq, len(seq) - 1, len(seq)):
                 batch.add(seq, len(seq) - 1)
         batch.padding = list(self.padding)
         return batch
@@ -134,7 +137,7 @@ class Scheduler:
         batch, budget = ScheduledBatch("mixed"), self.budget
         for seq in list(self.running):                      # decodes first: they never wait for a prompt
             if seq.status is Status.RUNNING and seq.num_computed == len(seq) - 1 and budget > 0:
-                if self._ensure_slot(seq, len(seq)):
+                if self._ensure_slot(batch, seq, len(seq) - 1, len(seq)):
                     batch.add(seq, len(seq) - 1)
                     budget -= 1
         for seq in list(self.running):                      # then the rest of prompts already begun
