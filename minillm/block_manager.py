@@ -203,6 +203,11 @@ class BlockManager:
         seq.swap_table = []
         return pairs
 
+    def free_swap(self, seq: Sequence):
+        """Drop a swapped-out sequence's blocks in the swap space (it finished or was aborted)."""
+        self.swap_free.extend(seq.swap_table)
+        seq.swap_table = []
+
     def check(self, seqs):
         """Invariant check for tests: reference counts equal table occurrences; nothing lost or doubled."""
         counts = [0] * self.num_blocks

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .kv_cache import KVCache
+from .kv_cache import KVCache, SwapSpace
 from .model import Transformer
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput
@@ -33,8 +33,7 @@ DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not
 
 def _refuse_unbuilt(config: EngineConfig):
     """Options that name techniques later issues build: refuse them rather than silently ignore them."""
-    unbuilt = {"backend": "torch", "quantization": None, "kv_cache_dtype": "auto", "speculative": None,
-               "preemption_mode": "recompute", "swap_bytes": 0}
+    unbuilt = {"backend": "torch", "quantization": None, "kv_cache_dtype": "auto", "speculative": None}
     for name, default in unbuilt.items():
         if getattr(config, name) != default:
             raise ValueError(f"{name}={getattr(config, name)!r} is not available in this build yet "
@@ -59,7 +58,13 @@ class LLMEngine:
                              f"{config.max_model_len} needs {need:,} ({per_token:,} bytes per token): raise "
                              f"kv_cache_bytes or lower max_model_len")
         self.kv = KVCache.from_bytes(mcfg, kv_bytes, bs, dtype)
-        self.block_manager = BlockManager(self.kv.num_blocks, bs, enable_prefix_caching=config.enable_prefix_caching)
+        swap_blocks = config.swap_bytes // (self.kv.nbytes // self.kv.num_blocks)
+        if config.preemption_mode == "swap" and swap_blocks < 1:
+            raise ValueError(f"preemption_mode='swap' needs swap_bytes for at least one block "
+                             f"({self.kv.nbytes // self.kv.num_blocks:,} bytes), got swap_bytes={config.swap_bytes}")
+        self.swap = SwapSpace(self.kv, swap_blocks) if swap_blocks else None
+        self.block_manager = BlockManager(self.kv.num_blocks, bs, enable_prefix_caching=config.enable_prefix_caching,
+                                          swap_blocks=swap_blocks)
         self.scheduler = Scheduler(config, self.block_manager, self.clock)
         self.runner = ModelRunner(model, self.kv)
         self.trace = Trace(config.trace)
@@ -128,6 +133,9 @@ class LLMEngine:
         """One model call. Returns the state of every request that ran in it."""
         start = self.clock()
         batch = self.scheduler.schedule()
+        if self.swap is not None:  # swaps first: a block freed by a swap-out may be reused in this very step
+            self.swap.swap_in(self.kv, batch.swap_in)
+            self.swap.swap_out(self.kv, batch.swap_out)
         if not batch:
             return []
         n_prefill, n_decode = batch.num_prefill_tokens, batch.num_decode_tokens

@@ -33,6 +33,8 @@ class ScheduledBatch:
     ends: list = field(default_factory=list)     # one past its last (< len(seq) for a partial prompt chunk)
     padding: list = field(default_factory=list)  # finished sequences riding along (static batching)
     copies: list = field(default_factory=list)   # (src, dst) block copies to make first (copy-on-write)
+    swap_in: list = field(default_factory=list)  # (swap block, device block) pairs to bring back, first of all
+    swap_out: list = field(default_factory=list) # (device block, swap block) pairs to save, before the copies
 
     def add(self, seq: Sequence, start: int, end: int | None = None):
         self.seqs.append(seq)
@@ -59,8 +61,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.padding: list[Sequence] = []   # static/dynamic: finished, still holding their batch slot
+        self.swapped: deque[Sequence] = deque()  # preempted by swapping, oldest first
         default_budget = 512 if config.enable_chunked_prefill else max(config.max_model_len, 2048)
         self.budget = config.max_num_batched_tokens or default_budget
+        self._pending_swap_out: list = []
 
     def add(self, seq: Sequence):
         self.waiting.append(seq)
@@ -71,18 +75,46 @@ class Scheduler:
         self.running.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> ScheduledBatch:
+        self._release_padding_if_done()  # nobody left running (finished, or all preempted): free the padding
+        swap_in = self._swap_in()
         if self.config.batching == "continuous":
             if self.config.enable_chunked_prefill:
-                return self._schedule_chunked()
-            batch = self._admit(ScheduledBatch("prefill"), self.budget)
-            return batch if batch else self._schedule_decode()
-        if not self.running and not self.padding and self._batch_may_form():
+                batch = self._schedule_chunked()
+            else:
+                batch = self._admit(ScheduledBatch("prefill"), self.budget) if not self.swapped else ScheduledBatch("prefill")
+                batch = batch if batch else self._schedule_decode()
+        else:
+            batch = self._schedule_static()
+        batch.swap_in, batch.swap_out = swap_in, batch.swap_out + self._pending_swap_out
+        self._pending_swap_out = []
+        return batch
+
+    def _swap_in(self) -> list:
+        """Swapped-out sequences come back first (FCFS), as soon as their blocks and one more fit."""
+        pairs, bm = [], self.block_manager
+        while self.swapped and len(self.running) < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            if len(seq.swap_table) + 1 > bm.num_free:
+                break
+            self.swapped.popleft()
+            pairs += bm.swap_in(seq)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+        return pairs
+
+    def _schedule_static(self) -> ScheduledBatch:
+        if self.running or self.padding or self.swapped:
+            batch = self._schedule_decode()
+            if batch or self.running or self.swapped:
+                return batch
+            self._release_padding_if_done()  # every member was preempted: the batch is over
+        if self._batch_may_form():
             return self._admit(ScheduledBatch("prefill"), float("inf"))  # the whole batch, at once
-        return self._schedule_decode()
+        return ScheduledBatch("prefill")
 
     def _batch_may_form(self) -> bool:
         if self.config.batching == "static" or not self.waiting:
@@ -92,7 +124,7 @@ class Scheduler:
 
     def _admit(self, batch: ScheduledBatch, budget) -> ScheduledBatch:
         """Move waiting sequences to running while seats, blocks and the token budget allow."""
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and not self.swapped and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             if not self.block_manager.can_allocate(seq, len(seq) + 1):
                 break
@@ -148,11 +180,18 @@ class Scheduler:
         return self._admit(batch, budget)                   # then new prompts, chunked to the budget
 
     def _preempt(self, seq: Sequence):
-        """Recompute preemption: drop the sequence's KV, queue it first; its prefill rebuilds the KV."""
+        """preemption_mode "swap": move the sequence's K/V to the swap space (if it has room) and resume it
+        later where it stopped. "recompute" (or a full swap space): drop its K/V and queue it first; its
+        prefill rebuilds them (vLLM v0's two modes; recompute is cheaper for short sequences)."""
         self.running.remove(seq)
+        seq.metrics.num_preemptions += 1
+        if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
+            self._pending_swap_out += self.block_manager.swap_out(seq)
+            seq.status = Status.SWAPPED
+            self.swapped.append(seq)
+            return
         self.block_manager.free_seq(seq)
         seq.status = Status.WAITING
-        seq.metrics.num_preemptions += 1
         self.waiting.appendleft(seq)
 
     # ------------------------------------------------------------------ update
@@ -186,6 +225,9 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:  # (a sample still waiting to be forked is in no queue)
             self.waiting.remove(seq)
+        elif seq.status is Status.SWAPPED:
+            self.swapped.remove(seq)
+            self.block_manager.free_swap(seq)
         if pad and seq.block_table:
             self.padding.append(seq)
         else:

@@ -13,6 +13,7 @@ from .sampling import SamplingParams
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"     # preempted, its K/V in the swap space
     FINISHED = "finished"
 
 

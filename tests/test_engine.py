@@ -52,15 +52,20 @@ def test_batched_equals_sequential_and_block_size_free(tiny, block_size, mode):
     assert llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks  # nothing leaked
 
 
-def test_preemption_recomputes_to_the_same_tokens(tiny):
-    """A pool of 96 tokens for 4 sequences that grow to ~40 each forces recompute preemptions."""
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_recomputes_or_swaps_to_the_same_tokens(tiny, mode):
+    """A pool of 96 tokens for 4 sequences that grow to ~40 each forces preemptions."""
     model, _ = tiny
-    small = make(tiny, block_size=8, max_model_len=64, kv_cache_bytes=12 * 8 * model.config.kv_bytes_per_token(8))
+    per_block = 8 * model.config.kv_bytes_per_token(8)
+    small = make(tiny, block_size=8, max_model_len=64, kv_cache_bytes=12 * per_block, preemption_mode=mode,
+                 swap_bytes=12 * per_block if mode == "swap" else 0)
     outs = small.generate(PROMPTS, GREEDY)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in make(tiny).generate(PROMPTS, GREEDY)]
     bm = small.engine.block_manager
-    assert bm.num_free == bm.num_blocks
+    assert bm.num_free == bm.num_blocks and len(bm.swap_free) == bm.swap_blocks
+    if mode == "swap":
+        assert bm.swap_blocks == 12
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(tiny):
@@ -204,7 +209,7 @@ def test_unknown_option_and_bad_engine_values(tiny):
 
 
 # ---------------------------------------------------------------- found in review
-@pytest.mark.parametrize("opt", [dict(backend="numba"), dict(preemption_mode="swap"), dict(quantization="int8")])
+@pytest.mark.parametrize("opt", [dict(backend="numba"), dict(quantization="int8")])
 def test_options_not_built_yet_are_refused_not_ignored(tiny, opt):
     with pytest.raises(ValueError, match=f"{next(iter(opt))}=.* is not available in this build yet"):
         make(tiny, **opt)

@@ -57,10 +57,11 @@ request = st.tuples(st.lists(st.integers(3, 12), min_size=1, max_size=30),  # pr
                     st.booleans())                                           # aborted later
 
 
-@settings(deadline=None, derandomize=True, max_examples=120)
+@settings(deadline=None, derandomize=True, max_examples=200)
 @given(st.lists(request, min_size=1, max_size=8), st.sampled_from([1, 2, 4, 16]),
-       st.sampled_from(["continuous", "static", "chunked"]), st.booleans(), st.integers(4, 12))
-def test_fuzz_outputs_equal_sequential_and_nothing_leaks(reqs, block_size, mode, caching, pool_blocks16):
+       st.sampled_from(["continuous", "static", "chunked"]), st.booleans(), st.integers(4, 12),
+       st.sampled_from(["recompute", "swap"]))
+def test_fuzz_outputs_equal_sequential_and_nothing_leaks(reqs, block_size, mode, caching, pool_blocks16, preempt):
     tok = sample_tokenizer(V)
     model = HashModel()
     kv_tokens = max(64, pool_blocks16 * 16)           # at least one full-length sequence; often far less than all
@@ -68,7 +69,8 @@ def test_fuzz_outputs_equal_sequential_and_nothing_leaks(reqs, block_size, mode,
                        kv_cache_bytes=kv_tokens * model.config.kv_bytes_per_token(8) + block_size * 32,
                        batching="static" if mode == "static" else "continuous",
                        enable_chunked_prefill=mode == "chunked", max_num_batched_tokens=9 if mode == "chunked" else None,
-                       enable_prefix_caching=caching)
+                       enable_prefix_caching=caching, preemption_mode=preempt,
+                       swap_bytes=(2 if preempt == "swap" else 0) * 64 * model.config.kv_bytes_per_token(8))
     engine = LLMEngine(model, tok, cfg)
     pending = sorted(enumerate(reqs), key=lambda r: r[1][2])
     ids, step, finished = {}, 0, {}
@@ -99,4 +101,4 @@ def test_fuzz_outputs_equal_sequential_and_nothing_leaks(reqs, block_size, mode,
                 assert c.token_ids == want, (i, c.finish_reason)
     bm = engine.block_manager
     bm.check([])
-    assert bm.num_free == bm.num_blocks and sum(bm.ref_count) == 0
+    assert bm.num_free == bm.num_blocks and sum(bm.ref_count) == 0 and len(bm.swap_free) == bm.swap_blocks
