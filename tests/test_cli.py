@@ -75,4 +75,4 @@ def test_generate_takes_every_engine_option_with_dashes(capsys):
                "--max-model-len", "32", "--kv-cache-bytes", "100000", "--trace", "false"])
     assert rc == 0
     assert main(["generate", "--model", "random:tiny", "--prompt", "x", "--preemption-mode", "swap"]) == 2
-    assert "preemption_mode='swap' is not available" in capsys.readouterr().err
+    assert "preemption_mode='swap' needs swap_bytes" in capsys.readouterr().err
