@@ -120,7 +120,9 @@ class LLMEngine:
         return ids
 
     def abort(self, request_id: str):
-        for seq in self.requests.get(str(request_id), []):
+        if str(request_id) not in self.requests:
+            raise ValueError(f"abort: no request with id {request_id!r} (known: {sorted(self.requests)[:10]})")
+        for seq in self.requests[str(request_id)]:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)

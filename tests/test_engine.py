@@ -183,6 +183,8 @@ def test_abort_frees_blocks_and_others_finish(tiny):
     done = {o.request_id: o for o in engine.pop_finished()}
     assert done[a].outputs[0].finish_reason == "abort" and len(done[b].token_ids) == 24
     assert engine.block_manager.num_free == engine.block_manager.num_blocks
+    with pytest.raises(ValueError, match="abort: no request with id 'nope'"):
+        engine.abort("nope")
 
 
 def test_unknown_model_lists_available():
