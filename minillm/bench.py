@@ -31,9 +31,40 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
             "cpus": os.cpu_count()}
 
 
+def bench_serve(model: str, tokenizer=None, n: int = 64, rate: float = 8.0, kv_cache_bytes: int | None = None,
+                max_model_len: int | None = None) -> dict:
+    """The same skewed workload under each setting, side by side in one process; ratios between them."""
+    from .bench_serve import replay
+    from .workload import make_workload
+    net, tok = load(model, tokenizer)
+    L = max_model_len or net.config.max_seq_len
+    kv = kv_cache_bytes or 16 * L * net.config.kv_bytes_per_token(4)   # room for 16 full-length sequences
+    wl = make_workload(n, net.config.vocab_size, rate=rate, max_len=L, seed=0)
+    shared = make_workload(n, net.config.vocab_size, rate=rate, max_len=L, shared_prefix=0.8, prompt_median=L // 4, seed=1)
+    common = dict(max_model_len=L, kv_cache_bytes=kv, max_num_seqs=32)
+    runs = [("continuous", wl, dict()), ("static", wl, dict(batching="static")),
+            ("continuous, contiguous cache", wl, dict(block_size=L)),
+            ("shared prefix, no caching", shared, dict()), ("shared prefix, prefix caching", shared, dict(enable_prefix_caching=True))]
+    res = {label: replay(net, tok, w, label, **common, **opt).as_dict() for label, w, opt in runs}
+    ratios = {"continuous / static throughput": res["continuous"]["throughput"] / res["static"]["throughput"],
+              "paged / contiguous peak concurrency": res["continuous"]["peak_running"] / max(1, res["continuous, contiguous cache"]["peak_running"]),
+              "TTFT p50, no caching / prefix caching": res["shared prefix, no caching"]["ttft_p50"] / res["shared prefix, prefix caching"]["ttft_p50"]}
+    return {"bench": "serve", "model": str(model), "requests": n, "rate": rate, "kv_cache_bytes": kv, "max_model_len": L,
+            "runs": res, "ratios": ratios}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m minillm bench")
     sub = ap.add_subparsers(dest="what", required=True)
+    sv = sub.add_parser("serve", help="a Poisson workload under several engine settings, side by side")
+    sv.add_argument("--model", default="shakespeare")
+    sv.add_argument("--tokenizer", default=None)
+    sv.add_argument("--requests", type=int, default=64)
+    sv.add_argument("--rate", type=float, default=8.0, help="arrivals per second (Poisson)")
+    sv.add_argument("--kv-cache-bytes", type=int, default=None)
+    sv.add_argument("--max-model-len", type=int, default=None)
+    sv.add_argument("--quick", action="store_true", help="12 requests, context 128: a smoke test")
+    sv.add_argument("--json", default=None)
     d = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
     d.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
     d.add_argument("--tokenizer", default=None)
@@ -43,6 +74,19 @@ def main(argv: list[str]) -> int:
     d.add_argument("--quick", action="store_true", help="3 runs of 64 steps: a smoke test")
     d.add_argument("--json", default=None, help="also write the result to this file")
     a = ap.parse_args(argv)
+    if a.what == "serve":
+        n, L = (12, 128) if a.quick else (a.requests, a.max_model_len)
+        res = bench_serve(a.model, a.tokenizer, n, a.rate, a.kv_cache_bytes, L)
+        cols = ["throughput", "tokens_per_step", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "kv_waste", "peak_running", "preemptions", "cached_tokens"]
+        print(f"{'setting':<32}" + "".join(f"{c:>16}" for c in cols))
+        for label, r in res["runs"].items():
+            print(f"{label:<32}" + "".join(f"{r[c]:>16.4g}" for c in cols))
+        for k, v in res["ratios"].items():
+            print(f"{k}: {v:.2f}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=2)
+        return 0
     steps, repeats = (64, 3) if a.quick else (a.steps, a.repeats)
     res = bench_decode(a.model, a.tokenizer, steps, repeats, a.threads)
     print(f"decode {res['model']}: {res['tok_s_median']:.1f} tok/s median over {repeats} runs of {res['steps']} steps "

@@ -76,3 +76,12 @@ def test_generate_takes_every_engine_option_with_dashes(capsys):
     assert rc == 0
     assert main(["generate", "--model", "random:tiny", "--prompt", "x", "--preemption-mode", "swap"]) == 2
     assert "preemption_mode='swap' needs swap_bytes" in capsys.readouterr().err
+
+
+def test_bench_serve_quick_json(tmp_path):
+    out = tmp_path / "s.json"
+    assert main(["bench", "serve", "--model", "random:tiny", "--quick", "--json", str(out)]) == 0
+    res = json.load(open(out))
+    assert set(res["runs"]) >= {"continuous", "static", "shared prefix, prefix caching"}
+    assert res["runs"]["shared prefix, prefix caching"]["cached_tokens"] > 0
+    assert all(v > 0 for v in res["ratios"].values())
