@@ -25,7 +25,7 @@ from .sampling import SamplingParams, sample_batch
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .tokenizer import BOS, EOS, Tokenizer
-from .trace import StepRecord, Trace
+from .trace import BlockSnapshot, StepRecord, Trace
 
 
 DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not given
@@ -141,6 +141,8 @@ class LLMEngine:
         if not batch:
             return []
         n_prefill, n_decode = batch.num_prefill_tokens, batch.num_decode_tokens
+        phases = ["prefill" if st < len(s) - 1 else "decode" for s, st in zip(batch.seqs, batch.starts)]
+        padding_ids = [s.seq_id for s in batch.padding]
         self.kv.copy_blocks(batch.copies)                                       # copy-on-write, before any write
         logits = self.runner.run(batch)                                         # (B, V)
         done = [e == len(s) for s, e in zip(batch.seqs, batch.ends)]           # False: a partial prompt chunk
@@ -148,7 +150,8 @@ class LLMEngine:
         ids = [t if d else None for t, d in zip(ids, done)]
         self._fork_samples(batch, logits, ids)
         self.scheduler.update(batch, ids, self._check_finished)
-        self._record(batch, n_prefill, n_decode, start)
+        phases += ["fork"] * (len(batch.seqs) - len(phases))  # siblings that joined after the prefill
+        self._record(batch, n_prefill, n_decode, phases, padding_ids, start)
         return [self._output(rid) for rid in dict.fromkeys(s.request_id for s in batch.seqs)]
 
     def _fork_samples(self, batch, logits, ids):
@@ -203,13 +206,18 @@ class LLMEngine:
         done = all(s.is_finished for s in seqs)
         return RequestOutput(request_id, self.prompts[request_id], list(seqs[0].prompt_ids), outs, done, seqs[0].metrics)
 
-    def _record(self, batch, n_prefill: int, n_decode: int, start: float):
+    def _record(self, batch, n_prefill: int, n_decode: int, phases, padding_ids, start: float):
         bm, bs = self.block_manager, self.kv.block_size
         per_block = self.kv.nbytes // self.kv.num_blocks
-        filled = sum(s.num_computed for s in self.scheduler.running + self.scheduler.padding)  # K/V written
+        fill = {}  # tokens written in each physical block (a shared block counts once)
+        for s in self.scheduler.running + self.scheduler.padding:
+            for i, b in enumerate(s.block_table):
+                fill[b] = max(fill.get(b, 0), min(bs, max(0, s.num_computed - i * bs)))
+        filled = sum(fill.values())
         self.trace.record(StepRecord(
-            step=self._step, kind=batch.kind, seq_ids=[s.seq_id for s in batch.seqs],
-            num_prefill_tokens=n_prefill, num_decode_tokens=n_decode, num_padding=len(batch.padding),
+            step=self._step, kind=batch.kind, seq_ids=[s.seq_id for s in batch.seqs], phases=phases,
+            padding_ids=padding_ids, num_prefill_tokens=n_prefill, num_decode_tokens=n_decode,
+            num_padding=len(batch.padding),
             blocks_used=bm.num_used, blocks_free=bm.num_free, kv_bytes_used=bm.num_used * per_block,
             kv_bytes_filled=filled * per_block // bs, start=start, seconds=self.clock() - start))
         self._step += 1
@@ -221,3 +229,15 @@ class LLMEngine:
         for rid in done:
             del self.requests[rid], self.prompts[rid]
         return outs
+
+    def block_snapshot(self) -> "BlockSnapshot":
+        """Who holds which physical block right now, as plain data for minillm.viz's block map."""
+        bm, bs = self.block_manager, self.kv.block_size
+        owners = [[] for _ in range(bm.num_blocks)]
+        filled = [0] * bm.num_blocks
+        for s in self.scheduler.running + self.scheduler.padding:
+            for i, b in enumerate(s.block_table):
+                owners[b].append(s.seq_id)
+                filled[b] = max(filled[b], min(bs, max(0, s.num_computed - i * bs)))
+        cached = [b in bm.evictable or (bm.block_hash[b] is not None) for b in range(bm.num_blocks)]
+        return BlockSnapshot(bm.num_blocks, bs, owners, filled, cached)

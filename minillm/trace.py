@@ -18,6 +18,8 @@ class StepRecord:
     start: float
     seconds: float
     num_padding: int = 0      # finished sequences computed as padding rows (static batching)
+    phases: list = field(default_factory=list)       # per seq_id: "prefill", "decode" or "fork"
+    padding_ids: list = field(default_factory=list)  # the padding rows' sequences
 
 
 @dataclass
@@ -28,3 +30,14 @@ class Trace:
     def record(self, rec: StepRecord):
         if self.enabled:
             self.steps.append(rec)
+
+
+@dataclass
+class BlockSnapshot:
+    """The KV pool at one moment: each physical block's owners (sequence ids; several = shared),
+    how many of its slots hold tokens, and whether it is a prefix-cache block."""
+    num_blocks: int
+    block_size: int
+    owners: list
+    filled: list
+    cached: list

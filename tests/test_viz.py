@@ -162,3 +162,23 @@ def test_training_plots():
     fig = viz.plot_expected_tokens({"x": 0.5, "y": 0.8})
     assert len(fig.axes[0].lines) == 3
     assert fig.axes[0].lines[0].get_ydata()[0] == 1.5  # alpha 0.5, gamma 1: 1 + 0.5
+
+
+def test_serving_timeline_and_block_map(tmp_path):
+    import minillm.viz as viz
+    from minillm import LLM, SamplingParams
+    llm = LLM("random:tiny", batching="static", block_size=4, enable_prefix_caching=True, max_num_seqs=2)
+    sps = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (2, 6, 3)]
+    llm.generate(["To be, or not to be", "Who's there?", "Hamlet"], sps)
+    steps = llm.engine.trace.steps
+    assert [p for s in steps for p in s.phases].count("prefill") == 3 and sum(len(s.padding_ids) for s in steps) > 0
+    fig = viz.plot_timeline(steps)
+    assert len(fig.axes) == 2 and fig.axes[0].images[0].get_array().shape == (3, len(steps))
+    engine = llm.engine
+    engine.add_request("To be, or not to be, that is", SamplingParams(n=2, max_tokens=4, ignore_eos=True))
+    engine.step(), engine.step()
+    snap = engine.block_snapshot()
+    assert any(len(o) == 2 for o in snap.owners) and any(snap.cached)  # shared by the two samples; cached prefixes
+    fig = viz.plot_block_map(snap)
+    fig.savefig(tmp_path / "map.png")
+    assert len(fig.axes[0].patches) >= snap.num_blocks

@@ -3,7 +3,7 @@
 viz draws the plain data that minillm records or measures (Trace steps, minillm.profiling results,
 tensors); it never reaches into the engine's internals, and minillm never imports it.
 One concept per file: engine_path, trace, sampling, architecture, forward_breakdown, attention,
-rope, kv_cache, decode_timing, training (diagram and _figure are the shared drawing kit).
+rope, kv_cache, decode_timing, training, serving (diagram and _figure are the shared drawing kit).
 """
 from .architecture import draw_llama_block, llama_steps
 from .attention import plot_attention
@@ -13,10 +13,11 @@ from .forward_breakdown import plot_forward_breakdown
 from .kv_cache import draw_kv_pool, draw_recompute_grid, plot_kv_bytes, plot_kv_bytes_vs_length
 from .rope import plot_rope
 from .sampling import plot_next_token_distribution, sampling_explorer
+from .serving import plot_block_map, plot_timeline
 from .trace import plot_trace
 from .training import plot_expected_tokens, plot_training_curves
 
 __all__ = ["draw_engine_path", "plot_trace", "plot_next_token_distribution", "sampling_explorer",
            "draw_llama_block", "llama_steps", "plot_forward_breakdown", "plot_attention", "plot_rope",
            "draw_recompute_grid", "plot_kv_bytes", "plot_kv_bytes_vs_length", "draw_kv_pool",
-           "plot_decode_timing", "plot_prefill_vs_decode", "plot_training_curves", "plot_expected_tokens"]
+           "plot_decode_timing", "plot_prefill_vs_decode", "plot_training_curves", "plot_expected_tokens", "plot_timeline", "plot_block_map"]
