@@ -27,7 +27,7 @@ class ModelRunner:
         valid = torch.zeros(B, T, dtype=torch.bool)                     # (B, T)
         tables = torch.zeros(B, M, dtype=torch.long)                    # (B, M)
         for b, ((s, st, e, writes), n) in enumerate(zip(rows, lens)):
-            tokens[b, :n] = torch.tensor(s.token_ids[st:e])
+            tokens[b, :n] = s.token_at(st) if n == 1 else torch.tensor(s.token_ids[st:e])
             positions[b, :n] = torch.arange(st, e)
             valid[b, :n] = writes
             tables[b, :len(s.block_table)] = torch.tensor(s.block_table)

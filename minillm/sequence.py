@@ -50,6 +50,11 @@ class Sequence:
     def token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def token_at(self, i: int) -> int:
+        """Token i without building prompt + output (decode rows need one token per step)."""
+        n = len(self.prompt_ids)
+        return self.prompt_ids[i] if i < n else self.output_ids[i - n]
+
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
