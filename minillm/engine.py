@@ -91,6 +91,7 @@ class LLMEngine:
         request_id = str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        self.check_fits(len(ids), params)
         now = self.clock() if arrival_time is None else arrival_time
         base_seed = params.seed if params.seed is not None else \
             (self.config.seed * 1_000_003 + zlib.crc32(request_id.encode())) & 0x7FFFFFFF  # stable across processes
@@ -103,6 +104,22 @@ class LLMEngine:
         if len(seqs) > 1:
             self.pending_forks[seqs[0].seq_id] = seqs[1:]
         return request_id
+
+    def blocks_needed(self, prompt_len: int, params: SamplingParams) -> int:
+        """Most blocks a request can hold at once: the prompt's full blocks are shared by its n samples,
+        and each sample owns the rest of its sequence (capped at max_model_len)."""
+        bs = self.config.block_size
+        total = min(prompt_len + params.max_tokens, self.config.max_model_len)
+        shared = prompt_len // bs if params.n > 1 else 0
+        return shared + params.n * (-(-total // bs) - shared)
+
+    def check_fits(self, prompt_len: int, params: SamplingParams):
+        """A request that could never fit in the pool is refused up front: it would wait forever."""
+        need = self.blocks_needed(prompt_len, params)
+        if need > self.block_manager.num_blocks:
+            raise ValueError(f"request needs up to {need} KV blocks ({prompt_len} prompt tokens + max_tokens="
+                             f"{params.max_tokens}, n={params.n}, block_size={self.config.block_size}) but the whole "
+                             f"pool has {self.block_manager.num_blocks}: lower n or max_tokens, or raise kv_cache_bytes")
 
     def validate(self, prompt) -> list[int]:
         """Prompt -> token ids, or a ValueError naming what is wrong. Queues nothing."""

@@ -34,6 +34,8 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         # validate every prompt before queueing any, so one bad prompt leaves the engine untouched
         token_ids = [self.engine.validate(p) for p in prompts]
+        for t, sp in zip(token_ids, plist):
+            self.engine.check_fits(len(t), sp)
         ids = [self.engine.add_request(t, sp) for t, sp in zip(token_ids, plist)]
         for rid, p in zip(ids, prompts):
             self.engine.prompts[rid] = p if isinstance(p, str) else None

@@ -398,3 +398,23 @@ def test_chunked_prefill_keeps_decodes_going_within_the_budget(tiny):
         assert s.num_prefill_tokens + s.num_decode_tokens <= 8
         assert s.num_decode_tokens == 1                       # the first request decoded every step
     assert all(s.kind == "mixed" for s in engine.trace.steps)
+
+
+def test_a_request_bigger_than_the_pool_is_refused_and_others_run(tiny):
+    model, tok = tiny
+    per_block = 16 * model.config.kv_bytes_per_token(8)
+    llm = make(tiny, block_size=16, max_model_len=64, kv_cache_bytes=6 * per_block)   # 6 blocks of 16
+    engine = llm.engine
+    rid = engine.add_request(PROMPTS[0], GREEDY)
+    engine.step()
+    # 4 samples of up to 64 tokens, sharing no full prompt block: 4 x 4 = 16 blocks > 6
+    big = SamplingParams(temperature=1.0, n=4, max_tokens=60, ignore_eos=True)
+    with pytest.raises(ValueError, match=r"needs up to 16 KV blocks .* the whole pool has 6"):
+        engine.add_request(PROMPTS[1], big)
+    with pytest.raises(ValueError, match="the whole pool has 6"):
+        llm.generate([PROMPTS[2], PROMPTS[1]], [GREEDY, big])
+    while engine.has_unfinished_requests():
+        engine.step()
+    done = {o.request_id: o for o in engine.pop_finished()}
+    assert list(done) == [rid] and len(done[rid].token_ids) == 24
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
