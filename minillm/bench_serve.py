@@ -37,7 +37,9 @@ class ServeResult:
         return asdict(self)
 
 
-def replay(model, tokenizer, workload: list[Request], label: str = "", **options) -> ServeResult:
+def replay(model, tokenizer, workload: list[Request], label: str = "", return_engine: bool = False, **options):
+    """Serve `workload` on a fresh engine with these EngineConfig options -> ServeResult
+    (with return_engine=True: (ServeResult, the engine, for its trace, and the finished RequestOutputs))."""
     clock = SkipClock()
     engine = LLMEngine(model, tokenizer, EngineConfig(**options), clock=clock)
     pending = sorted(workload, key=lambda r: r.arrival)
@@ -61,8 +63,33 @@ def replay(model, tokenizer, workload: list[Request], label: str = "", **options
     used = [s.kv_bytes_used for s in steps if s.kv_bytes_used]
     waste = float(np.mean([1 - s.kv_bytes_filled / s.kv_bytes_used for s in steps if s.kv_bytes_used])) if used else 0.0
     pct = lambda xs, q: float(np.percentile(xs, q)) if xs else 0.0
-    return ServeResult(label, len(outs), n_out, span, n_out / span,
-                       float(np.mean([s.num_prefill_tokens + s.num_decode_tokens for s in steps])),
-                       pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), waste,
-                       max(len(s.seq_ids) for s in steps), sum(o.metrics.num_preemptions for o in outs),
-                       sum(o.metrics.num_cached_tokens for o in outs))
+    res = ServeResult(label, len(outs), n_out, span, n_out / span,
+                      float(np.mean([s.num_prefill_tokens + s.num_decode_tokens for s in steps])),
+                      pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), waste,
+                      max(len(s.seq_ids) for s in steps), sum(o.metrics.num_preemptions for o in outs),
+                      sum(o.metrics.num_cached_tokens for o in outs))
+    return (res, engine, outs) if return_engine else res
+
+
+@dataclass
+class RequestMemory:
+    request_id: str
+    tokens: int              # prompt + generated: what the cache must hold at the end
+    allocated_bytes: int     # whole blocks reserved for it (block_size = max_model_len: the contiguous cache)
+    used_bytes: int          # the slots holding its tokens
+
+    @property
+    def wasted_bytes(self) -> int:
+        return self.allocated_bytes - self.used_bytes
+
+
+def memory_by_request(outputs, block_size: int, bytes_per_token: int) -> list[RequestMemory]:
+    """KV bytes each finished request held at its end (its peak), one sample per request: whole blocks
+    reserved vs slots filled. The last token's K/V is never written (nothing reads it), so a sequence
+    of n tokens fills n - 1 slots."""
+    rows = []
+    for o in outputs:
+        n = len(o.prompt_token_ids) + len(o.outputs[0].token_ids) - 1
+        blocks = -(-n // block_size)
+        rows.append(RequestMemory(o.request_id, n, blocks * block_size * bytes_per_token, n * bytes_per_token))
+    return rows

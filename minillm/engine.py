@@ -165,10 +165,11 @@ class LLMEngine:
         done = [e == len(s) for s, e in zip(batch.seqs, batch.ends)]           # False: a partial prompt chunk
         ids = sample_batch(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
         ids = [t if d else None for t, d in zip(ids, done)]
+        memory = self._memory(batch)                                            # as the model call left it
         self._fork_samples(batch, logits, ids)
         self.scheduler.update(batch, ids, self._check_finished)
         phases += ["fork"] * (len(batch.seqs) - len(phases))  # siblings that joined after the prefill
-        self._record(batch, n_prefill, n_decode, phases, padding_ids, start)
+        self._record(batch, n_prefill, n_decode, phases, padding_ids, start, memory)
         return [self._output(rid) for rid in dict.fromkeys(s.request_id for s in batch.seqs)]
 
     def _fork_samples(self, batch, logits, ids):
@@ -223,20 +224,26 @@ class LLMEngine:
         done = all(s.is_finished for s in seqs)
         return RequestOutput(request_id, self.prompts[request_id], list(seqs[0].prompt_ids), outs, done, seqs[0].metrics)
 
-    def _record(self, batch, n_prefill: int, n_decode: int, phases, padding_ids, start: float):
+    def _memory(self, batch) -> tuple[int, int, int]:
+        """(blocks used, blocks free, slots holding tokens) right after the model call: before finished
+        sequences give their blocks back, so a step's record shows the memory that step really used."""
         bm, bs = self.block_manager, self.kv.block_size
-        per_block = self.kv.nbytes // self.kv.num_blocks
+        written = {s.seq_id: e for s, e in zip(batch.seqs, batch.ends)}
         fill = {}  # tokens written in each physical block (a shared block counts once)
         for s in self.scheduler.running + self.scheduler.padding:
+            n = written.get(s.seq_id, s.num_computed)
             for i, b in enumerate(s.block_table):
-                fill[b] = max(fill.get(b, 0), min(bs, max(0, s.num_computed - i * bs)))
-        filled = sum(fill.values())
+                fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
+        return bm.num_used, bm.num_free, sum(fill.values())
+
+    def _record(self, batch, n_prefill: int, n_decode: int, phases, padding_ids, start: float, memory):
+        used, free, filled = memory
+        per_block = self.kv.nbytes // self.kv.num_blocks
         self.trace.record(StepRecord(
             step=self._step, kind=batch.kind, seq_ids=[s.seq_id for s in batch.seqs], phases=phases,
             padding_ids=padding_ids, num_prefill_tokens=n_prefill, num_decode_tokens=n_decode,
-            num_padding=len(batch.padding),
-            blocks_used=bm.num_used, blocks_free=bm.num_free, kv_bytes_used=bm.num_used * per_block,
-            kv_bytes_filled=filled * per_block // bs, start=start, seconds=self.clock() - start))
+            num_padding=len(batch.padding), blocks_used=used, blocks_free=free, kv_bytes_used=used * per_block,
+            kv_bytes_filled=filled * per_block // self.kv.block_size, start=start, seconds=self.clock() - start))
         self._step += 1
 
     def pop_finished(self) -> list[RequestOutput]:

@@ -37,3 +37,23 @@ def test_replay_serves_every_request_exactly(opts):
     assert r.requests == 6 and r.output_tokens == sum(w.max_tokens for w in wl)
     assert r.seconds >= wl[-1].arrival - wl[0].arrival and r.throughput > 0 and 0 <= r.kv_waste < 1
     assert (r.cached_tokens > 0) == bool(opts.get("enable_prefix_caching"))
+
+
+def test_memory_by_request_matches_the_engines_own_peak_and_paging_wastes_less():
+    from minillm.bench_serve import memory_by_request
+    model, tok = random_model("tiny")
+    wl = make_workload(4, 512, rate=0, prompt_median=10, output_median=8, max_len=64, seed=2)
+    per_token = model.config.kv_bytes_per_token(4)
+    waste = {}
+    for bs in (4, 64):                                     # paged, and the contiguous cache (bs = max_model_len)
+        rows = []
+        for req in wl:                                     # alone, so the engine's peak is this request's
+            _, engine, outs = replay(model, tok, [req], return_engine=True, block_size=bs, max_model_len=64)
+            (row,) = memory_by_request(outs, bs, per_token)
+            steps = engine.trace.steps
+            assert row.allocated_bytes == max(s.kv_bytes_used for s in steps)
+            assert row.used_bytes == max(s.kv_bytes_filled for s in steps)
+            assert 0 <= row.wasted_bytes < bs * per_token
+            rows.append(row)
+        waste[bs] = sum(r.wasted_bytes for r in rows) / sum(r.allocated_bytes for r in rows)
+    assert waste[4] < 0.25 < waste[64]

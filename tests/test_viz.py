@@ -182,3 +182,29 @@ def test_serving_timeline_and_block_map(tmp_path):
     fig = viz.plot_block_map(snap)
     fig.savefig(tmp_path / "map.png")
     assert len(fig.axes[0].patches) >= snap.num_blocks
+
+
+def test_serving_memory_comparison_and_latency_plots():
+    import minillm.viz as viz
+    from minillm.bench_serve import RequestMemory
+    rows = {"paged": [RequestMemory("a", 5, 8 * 4, 5 * 4), RequestMemory("b", 9, 12 * 4, 9 * 4)],
+            "contiguous": [RequestMemory("a", 5, 64 * 4, 5 * 4), RequestMemory("b", 9, 64 * 4, 9 * 4)]}
+    fig = viz.plot_memory_bars(rows)
+    assert len(fig.axes) == 2 and len(bars(fig.axes[1])) == 4
+    assert fig.axes[1].get_title().startswith("contiguous: 89% wasted")          # (59 + 55) / 128
+    res = [dict(label=l, throughput=t, ttft_p50=0.01, ttft_p99=0.05, tpot_p50=0.002, tpot_p99=0.004)
+           for l, t in [("static", 100.0), ("continuous", 250.0)]]
+    fig = viz.plot_serve_comparison(res)
+    assert len(fig.axes) == 3 and [b.get_height() for b in bars(fig.axes[0])] == [100.0, 250.0]
+    fig = viz.plot_latency_vs_throughput({"continuous": res, "static": res[:1]})
+    assert [len(l.get_xdata()) for l in fig.axes[0].lines] == [2, 1]
+
+
+def test_serving_explorer_is_a_widget():
+    import minillm.viz as viz
+    from minillm.loader import random_model
+    from minillm.workload import make_workload
+    model, tok = random_model("tiny")
+    w = viz.serving_explorer(model, tok, make_workload(3, 512, rate=0, prompt_median=6, output_median=3, max_len=64),
+                             max_model_len=64)
+    assert {c.description for c in w.children[:-1]} >= {"block_size", "batching", "chunk budget", "KV (x seq)"}
