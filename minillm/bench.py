@@ -1,4 +1,6 @@
-"""`python -m minillm bench decode`: batch-1 decode speed, warm-up excluded, median of several runs."""
+"""`python -m minillm bench decode | batched | serve`: batch-1 decode speed; batched decode beside llama2.c's
+run.c and against torch's own matmul FLOP/s; a serving workload under several settings. Warm-up excluded,
+medians of several runs, every ratio measured side by side in one run."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +31,69 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
             "tok_s_min": min(rates), "tok_s_max": max(rates), "tok_s_all": rates,
             "params": net.config.num_params(), "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
             "cpus": os.cpu_count()}
+
+
+def runc_tok_s(runc: str, model: str, tokenizer: str, steps: int) -> float:
+    """One run of a llama2.c run.c binary (built by the user, outside this repo), greedy from an empty
+    prompt; its own "achieved tok/s" line (stderr)."""
+    import re
+    import subprocess
+    done = subprocess.run([runc, model, "-z", tokenizer, "-t", "0", "-n", str(steps), "-i", ""],
+                          capture_output=True, text=True, timeout=600)
+    m = re.search(r"achieved tok/s: ([0-9.]+)", done.stderr)
+    if done.returncode != 0 or not m:
+        raise RuntimeError(f"{runc} failed (exit {done.returncode}): {done.stderr[-300:]}")
+    return float(m.group(1))
+
+
+def matmul_flops(cfg, batch: int, repeats: int = 5) -> float:
+    """torch's own FLOP/s on the decode step's matmul shapes at this batch: (batch, in) @ (in, out) for
+    every weight of one layer plus the classifier, timed back to back (median of repeats)."""
+    import time
+    C, Hd = cfg.dim, cfg.hidden_dim
+    shapes = [(C, C), (C, cfg.kv_dim), (C, cfg.kv_dim), (C, C), (C, Hd), (C, Hd), (Hd, C)]
+    mats = [(torch.randn(batch, i), torch.randn(i, o)) for i, o in shapes] * cfg.n_layers
+    mats.append((torch.randn(batch, C), torch.randn(C, cfg.vocab_size)))
+    flops = sum(2 * batch * w.shape[0] * w.shape[1] for _, w in mats)
+    times = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        for x, w in mats:
+            x @ w
+        times.append(time.perf_counter() - t)
+    return flops / statistics.median(times[1:])
+
+
+def bench_batched(model: str, tokenizer=None, batch: int = 32, steps: int = 128, repeats: int = 3,
+                  runc: str | None = None) -> dict:
+    """Decode tokens/s of `batch` sequences through the engine (decode steps only, from the trace), beside
+    llama2.c's run.c (batch 1, its own process) on the same file when `runc` names a binary; and the FLOP/s
+    the batched steps achieve against torch's own matmuls on the same shapes."""
+    from .llm import LLM
+    from .sampling import SamplingParams
+    net, tok = load(model, tokenizer)
+    steps = min(steps, net.config.max_seq_len - 1)
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    rates, flop_rates = [], []
+    for _ in range(repeats + 1):                     # the first run warms up
+        llm = LLM(net, tokenizer=tok, max_num_seqs=batch, max_model_len=steps + 1)
+        llm.generate([[1]] * batch, params)
+        dec = [s for s in llm.engine.trace.steps if s.kind == "decode"]
+        n_tok, secs = sum(s.num_decode_tokens for s in dec), sum(s.seconds for s in dec)
+        ctx = steps // 2                             # mean context over the run, for attention FLOPs
+        rates.append(n_tok / secs)
+        flop_rates.append(n_tok * net.config.flops_per_token(ctx) / secs)
+    rates, flop_rates = rates[1:], flop_rates[1:]
+    res = {"bench": "batched", "model": str(model), "batch": batch, "steps": steps, "repeats": repeats,
+           "threads": torch.get_num_threads(), "tok_s_median": statistics.median(rates), "tok_s_all": rates,
+           "flop_s_median": statistics.median(flop_rates), "torch_matmul_flop_s": matmul_flops(net.config, batch)}
+    res["flop_fraction"] = res["flop_s_median"] / res["torch_matmul_flop_s"]
+    if runc:
+        tk = tokenizer or os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
+        rc = [runc_tok_s(runc, model, tk, steps) for _ in range(repeats)]
+        res.update(runc=runc, runc_tok_s_median=statistics.median(rc), runc_tok_s_all=rc,
+                   batched_over_runc=res["tok_s_median"] / statistics.median(rc))
+    return res
 
 
 def bench_serve(model: str, tokenizer=None, n: int = 64, rate: float = 8.0, kv_cache_bytes: int | None = None,
@@ -65,6 +130,15 @@ def main(argv: list[str]) -> int:
     sv.add_argument("--max-model-len", type=int, default=None)
     sv.add_argument("--quick", action="store_true", help="12 requests, context 128: a smoke test")
     sv.add_argument("--json", default=None)
+    b = sub.add_parser("batched", help="batched decode tok/s and FLOP/s, beside llama2.c's run.c (--runc)")
+    b.add_argument("--model", required=True)
+    b.add_argument("--tokenizer", default=None)
+    b.add_argument("--batch", type=int, default=32)
+    b.add_argument("--steps", type=int, default=128)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--runc", default=None, help="a run.c binary you built (e.g. llama2.c's `make runomp`)")
+    b.add_argument("--quick", action="store_true", help="batch 4, 16 steps, 1 repeat: a smoke test")
+    b.add_argument("--json", default=None)
     d = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
     d.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
     d.add_argument("--tokenizer", default=None)
@@ -83,6 +157,18 @@ def main(argv: list[str]) -> int:
             print(f"{label:<32}" + "".join(f"{r[c]:>16.4g}" for c in cols))
         for k, v in res["ratios"].items():
             print(f"{k}: {v:.2f}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=2)
+        return 0
+    if a.what == "batched":
+        batch, steps, repeats = (4, 16, 1) if a.quick else (a.batch, a.steps, a.repeats)
+        res = bench_batched(a.model, a.tokenizer, batch, steps, repeats, a.runc)
+        print(f"batched decode, {batch} sequences: {res['tok_s_median']:.0f} tok/s median ({res['threads']} threads), "
+              f"{res['flop_s_median'] / 1e9:.2f} GFLOP/s = {res['flop_fraction']:.0%} of torch's matmuls on the same "
+              f"shapes ({res['torch_matmul_flop_s'] / 1e9:.2f} GFLOP/s)")
+        if a.runc:
+            print(f"run.c (batch 1): {res['runc_tok_s_median']:.0f} tok/s median; batched / run.c = {res['batched_over_runc']:.1f}x")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=2)

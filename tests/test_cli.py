@@ -85,3 +85,25 @@ def test_bench_serve_quick_json(tmp_path):
     assert set(res["runs"]) >= {"continuous", "static", "shared prefix, prefix caching"}
     assert res["runs"]["shared prefix, prefix caching"]["cached_tokens"] > 0
     assert all(v > 0 for v in res["ratios"].values())
+
+
+def test_bench_batched_quick_with_a_stand_in_runc(tmp_path):
+    fake = tmp_path / "runc"        # stands in for a run.c binary: only its "achieved tok/s" line is read
+    fake.write_text('#!/bin/sh\necho "achieved tok/s: 50.0" >&2\n')
+    fake.chmod(0o755)
+    model, tok = tmp_path / "m.bin", tmp_path / "tokenizer.bin"
+    from minillm.checkpoint import save_bin
+    from minillm.loader import random_model
+    net, t = random_model("tiny")
+    save_bin(net, str(model))
+    t.save(str(tok))
+    out = tmp_path / "b.json"
+    assert main(["bench", "batched", "--model", str(model), "--quick", "--runc", str(fake), "--json", str(out)]) == 0
+    res = json.load(open(out))
+    assert res["batch"] == 4 and res["runc_tok_s_median"] == 50.0
+    assert res["batched_over_runc"] == res["tok_s_median"] / 50.0 and 0 < res["flop_fraction"]
+    bad = tmp_path / "bad"
+    bad.write_text("#!/bin/sh\nexit 3\n")
+    bad.chmod(0o755)
+    with pytest.raises(RuntimeError, match="failed \\(exit 3\\)"):
+        main(["bench", "batched", "--model", str(model), "--quick", "--runc", str(bad)])
