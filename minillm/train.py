@@ -97,6 +97,21 @@ def evaluate(model: Transformer, x, y, batch_size: int = 16) -> float:
     return total / count
 
 
+@torch.no_grad()
+def position_losses(model: Transformer, x, y, batch_size: int = 4) -> torch.Tensor:
+    """Mean cross-entropy at each position over fixed windows: (T,). Shows whether a model trained on
+    short windows still predicts well late in its context. x, y: (N, T)."""
+    was = model.training
+    model.eval()
+    total = torch.zeros(x.shape[1], dtype=torch.float64)
+    for i in range(0, len(x), batch_size):
+        logits = model(x[i:i + batch_size])                                       # (B, T, V)
+        nll = F.cross_entropy(logits.transpose(1, 2), y[i:i + batch_size], reduction="none")  # (B, T)
+        total += nll.double().sum(0)
+    model.train(was)
+    return total / len(x)
+
+
 def kd_loss(student_logits, teacher_logits, targets, T: float, lam: float):
     """T^2 KL(p_teacher^T || q_student^T) + lambda CE. logits: (B, T, V); targets: (B, T)."""
     s = F.log_softmax(student_logits.flatten(0, 1) / T, -1)                        # (B*T, V)
