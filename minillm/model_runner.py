@@ -13,12 +13,16 @@ class ModelRunner:
     def __init__(self, model: Transformer, kv: KVCache):
         self.model, self.kv = model, kv
 
-    def prepare(self, batch: ScheduledBatch):
-        """Right-padded (B, T) tokens and positions; padding gets slot -1 so it is never written.
+    @staticmethod
+    def rows(batch: ScheduledBatch) -> list:
+        """(sequence, start, end, writes) per row: the scheduled sequences, then a static batch's padding.
         A static batch's finished sequences ride along as padding rows: they recompute their last
         written position (a real row of compute, as in FasterTransformer) and write nothing."""
         rows = [(s, st, e, True) for s, st, e in zip(batch.seqs, batch.starts, batch.ends)]
-        rows += [(s, len(s) - 2, len(s) - 1, False) for s in batch.padding]
+        return rows + [(s, len(s) - 2, len(s) - 1, False) for s in batch.padding]
+
+    def prepare(self, rows: list):
+        """Right-padded (B, T) tokens and positions for these rows; padding gets slot -1 so it is never written."""
         lens = [e - st for _, st, e, _ in rows]
         B, T = len(rows), max(lens)
         M = max(len(s.block_table) for s, *_ in rows)
@@ -38,7 +42,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch):
-        """-> logits (B, V) for the token after each sequence's last scheduled token (padding rows dropped)."""
-        tokens, positions, attn, last = self.prepare(batch)
-        logits = self.model(tokens, positions, self.kv, attn, last_index=last)  # (B + padding, 1, V)
-        return logits[:len(batch.seqs), 0].float()                             # (B, V)
+        """-> logits (B, V) for the token after each sequence's last scheduled token (padding rows dropped).
+        A mixed step (prompt chunks beside one-token decodes) runs as two calls, decodes and chunks, so
+        the decode rows are not padded to the chunks' length; the cache is shared, the rows independent."""
+        rows = self.rows(batch)
+        one = [i for i, (_, st, e, _) in enumerate(rows) if e - st == 1]            # decodes (and padding)
+        chunks = [i for i, (_, st, e, _) in enumerate(rows) if e - st > 1]         # prompts or their chunks
+        out = [None] * len(rows)
+        for group in (g for g in (one, chunks) if g):
+            tokens, positions, attn, last = self.prepare([rows[i] for i in group])
+            logits = self.model(tokens, positions, self.kv, attn, last_index=last)  # (len(group), 1, V)
+            for j, i in enumerate(group):
+                out[i] = logits[j, 0]
+        return torch.stack(out[:len(batch.seqs)]).float()                          # (B, V)
