@@ -208,3 +208,10 @@ def test_serving_explorer_is_a_widget():
     w = viz.serving_explorer(model, tok, make_workload(3, 512, rate=0, prompt_median=6, output_median=3, max_len=64),
                              max_model_len=64)
     assert {c.description for c in w.children[:-1]} >= {"block_size", "batching", "chunk budget", "KV (x seq)"}
+
+
+def test_block_size_sweep_plot():
+    import minillm.viz as viz
+    fig = viz.plot_block_size_sweep([1, 16, 256], [0.0, 0.03, 0.7], [12, 12, 3], kv_bytes=2**20)
+    assert len(fig.axes) == 2 and [b.get_height() for b in bars(fig.axes[1])] == [12, 12, 3]
+    assert "1.0 MiB" in fig.axes[1].get_title()

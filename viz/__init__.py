@@ -14,7 +14,7 @@ from .kv_cache import draw_kv_pool, draw_recompute_grid, plot_kv_bytes, plot_kv_
 from .rope import plot_rope
 from .sampling import plot_next_token_distribution, sampling_explorer
 from .serving import (plot_block_map, plot_latency_vs_throughput, plot_memory_bars, plot_serve_comparison, plot_timeline,
-                      serving_explorer)
+                      plot_block_size_sweep, serving_explorer)
 from .trace import plot_trace
 from .training import plot_expected_tokens, plot_training_curves
 
@@ -22,4 +22,4 @@ __all__ = ["draw_engine_path", "plot_trace", "plot_next_token_distribution", "sa
            "draw_llama_block", "llama_steps", "plot_forward_breakdown", "plot_attention", "plot_rope",
            "draw_recompute_grid", "plot_kv_bytes", "plot_kv_bytes_vs_length", "draw_kv_pool",
            "plot_decode_timing", "plot_prefill_vs_decode", "plot_training_curves", "plot_expected_tokens", "plot_timeline", "plot_block_map",
-           "plot_memory_bars", "plot_serve_comparison", "plot_latency_vs_throughput", "serving_explorer"]
+           "plot_memory_bars", "plot_serve_comparison", "plot_latency_vs_throughput", "serving_explorer", "plot_block_size_sweep"]

@@ -5,7 +5,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch, Rectangle
 
-from ._figure import COLORS, finish, new_figure
+from ._figure import COLORS, finish, human_bytes, new_figure
 
 _PHASES = {"prefill": 1, "decode": 2, "padding": 3, "fork": 2}
 
@@ -145,3 +145,19 @@ def serving_explorer(model, tokenizer, workload, max_model_len: int = 256):
         kv_sequences=widgets.FloatSlider(4.0, min=1.0, max=16.0, step=0.5, description="KV (x seq)"),
         batching=widgets.Dropdown(options=["static", "dynamic", "continuous"], value="continuous"),
         token_budget=widgets.Dropdown(options=[0, 32, 64, 128, 256], value=0, description="chunk budget"))
+
+
+def plot_block_size_sweep(block_sizes, waste, concurrency, kv_bytes: int):
+    """One workload replayed at several block sizes in the same KV bytes: the share of reserved KV bytes
+    holding no token (mean over steps), and the most sequences that ran at once."""
+    fig, axes = new_figure(ncols=2, width=11, height=3.6)
+    ax, ax2 = axes[0]
+    labels = [str(b) for b in block_sizes]
+    ax.bar(labels, [100 * w for w in waste], color=COLORS["no cache"], alpha=0.7)
+    ax.set(xlabel="block_size (the last is max_model_len: the contiguous cache)", ylabel="% of reserved KV bytes empty",
+           title="Waste: only a sequence's last block is partly empty")
+    ax2.bar(labels, concurrency, color=COLORS["kv cache"])
+    ax2.set(xlabel="block_size", ylabel="peak sequences running", title=f"Concurrency in the same {human_bytes(kv_bytes)}")
+    for a in (ax, ax2):
+        a.grid(axis="y", alpha=0.3)
+    return finish(fig)
