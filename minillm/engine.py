@@ -165,7 +165,7 @@ class LLMEngine:
         done = [e == len(s) for s, e in zip(batch.seqs, batch.ends)]           # False: a partial prompt chunk
         ids = sample_batch(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
         ids = [t if d else None for t, d in zip(ids, done)]
-        memory = self._memory(batch)                                            # as the model call left it
+        memory = self._memory(batch) if self.trace.enabled else None            # as the model call left it
         self._fork_samples(batch, logits, ids)
         self.scheduler.update(batch, ids, self._check_finished)
         phases += ["fork"] * (len(batch.seqs) - len(phases))  # siblings that joined after the prefill
@@ -237,6 +237,9 @@ class LLMEngine:
         return bm.num_used, bm.num_free, sum(fill.values())
 
     def _record(self, batch, n_prefill: int, n_decode: int, phases, padding_ids, start: float, memory):
+        if not self.trace.enabled:  # trace=False: no per-step bookkeeping on the hot path
+            self._step += 1
+            return
         used, free, filled = memory
         per_block = self.kv.nbytes // self.kv.num_blocks
         self.trace.record(StepRecord(

@@ -418,3 +418,9 @@ def test_a_request_bigger_than_the_pool_is_refused_and_others_run(tiny):
     done = {o.request_id: o for o in engine.pop_finished()}
     assert list(done) == [rid] and len(done[rid].token_ids) == 24
     assert engine.block_manager.num_free == engine.block_manager.num_blocks
+
+
+def test_trace_off_records_nothing_and_changes_nothing(tiny):
+    on, off = make(tiny), make(tiny, trace=False)
+    assert [o.token_ids for o in off.generate(PROMPTS, GREEDY)] == [o.token_ids for o in on.generate(PROMPTS, GREEDY)]
+    assert off.engine.trace.steps == [] and len(on.engine.trace.steps) > 0
