@@ -9,10 +9,10 @@ prefill (T new tokens), decode (T = 1), chunked prefill and speculative verifica
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -46,19 +46,15 @@ def gather_kv(pool, block_tables, n_ctx: int):
 
 def paged_attention(q, k_pool, v_pool, attn: AttentionMetadata):
     """softmax(q k^T / sqrt(D) + mask) v over each sequence's cached context.
-    q: (B, T, H, D); k_pool, v_pool: (num_blocks, block_size, Hkv, D) -> (B, T, H, D)."""
-    B, T, H, D = q.shape
+    q: (B, T, H, D); k_pool, v_pool: (num_blocks, block_size, Hkv, D) -> (B, T, H, D).
+    The gathered context goes to torch's fused attention (scaled_dot_product_attention, GQA-aware) as
+    strided views, with no copy beyond the gather itself; a plain matmul/softmax version of the same
+    formula is the reference in tests/test_attention.py."""
     n_ctx = int(attn.context_lens.max())
     k = gather_kv(k_pool, attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
     v = gather_kv(v_pool, attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
-    Hkv = k.shape[2]
-    qg = q.view(B, T, Hkv, H // Hkv, D).permute(0, 2, 3, 1, 4)   # (B, Hkv, H/Hkv, T, D): heads grouped by KV head
-    kt = k.permute(0, 2, 3, 1).unsqueeze(2)                       # (B, Hkv, 1, D, S)
-    scores = (qg @ kt) / math.sqrt(D)                             # (B, Hkv, H/Hkv, T, S)
     j = torch.arange(n_ctx, device=q.device)                      # (S,)
     allowed = (j[None, None, :] <= attn.positions[:, :, None]) & (j[None, None, :] < attn.context_lens[:, None, None])  # (B, T, S)
-    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)                         # (B, Hkv, H/Hkv, T, S)
-    probs = torch.nan_to_num(probs)                               # a padded query row sees no key: zeros, not NaN
-    y = probs @ v.permute(0, 2, 1, 3).unsqueeze(2)                # (B, Hkv, H/Hkv, T, D)
-    return y.permute(0, 3, 1, 2, 4).reshape(B, T, H, D)           # (B, T, H, D)
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=allowed[:, None], enable_gqa=True)  # (B, H, T, D)
+    return torch.nan_to_num(y.transpose(1, 2))                    # (B, T, H, D); a padded query row that sees no key: zeros
