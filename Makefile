@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" 2>&1 | grep -v "is ignored" || true
 	$(BIN)/python -c "import torch" || { echo "torch did not install"; exit 1; }
-	$(BIN)/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
-	$(BIN)/python -c "import minillm, nbval, matplotlib" || { echo "install failed"; exit 1; }
+	$(BIN)/python -m pip install -q -e ".[dev,cuda]" 2>&1 | grep -v "is ignored" || true
+	$(BIN)/python -c "import minillm, nbval, matplotlib, numba.cuda" || { echo "install failed"; exit 1; }
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -32,8 +32,10 @@ lab: install
 
 test: test-unit test-notebooks
 
+# Two invocations: numba chooses the CUDA simulator or a GPU once per process, at its first import.
 test-unit: install
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q tests
+	MINILLM_PROGRESS=0 NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q tests/cudasim
 
 test-notebooks: install
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q $(NBVAL) notebooks

@@ -1,0 +1,123 @@
+"""Matrix multiply in a linear layer's layout, y = x W^T with W stored (N, K) as llama2.c and
+torch.nn.Linear store it: a tiled matmul with shared memory (prefill: many rows of x) and a GEMV
+(decode: one row), each on the GPU and as a CPU twin.
+
+Why tiles (Kirk & Hwu, "Programming Massively Parallel Processors", ch. 5): in the naive kernel every
+thread reads a whole row of x and a whole row of W from global memory, so each element is read N (or
+M) times. A block of TILE x TILE threads instead copies one TILE x TILE tile of x and one of W into
+shared memory, waits (syncthreads), and every thread reuses those 2*TILE values TILE times: global
+reads drop by a factor of TILE.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import float32, njit, prange
+
+from . import blocks, check_array, cuda_kernel, empty_like, to_device
+
+cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
+
+TILE = 16            # threads per tile side: TILE*TILE = 256 threads per block
+TILE_PAD = TILE + 1  # a shared tile's row length, one spare column (shared-array shapes must be constants)
+GEMV_THREADS = 32    # threads cooperating on one output row of a GEMV (one warp)
+
+
+# ----------------------------------------------------------------------------- CUDA kernels
+
+@cuda_kernel("void(float32[:, ::1], float32[:, ::1], float32[:, ::1])")
+def matmul_tiled(x, w, y):
+    """y (M, N) = x (M, K) @ w (N, K)^T. Grid (ceil(N/TILE), ceil(M/TILE)), block (TILE, TILE):
+    thread (ty, tx) of block (bx, by) owns y[by*TILE + ty, bx*TILE + tx]."""
+    xs = cuda.shared.array((TILE, TILE), float32)        # x tile: rows m, columns k
+    ws = cuda.shared.array((TILE, TILE_PAD), float32)    # W tile: rows n, columns k (+1 column: no bank conflicts)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    m0, n0 = cuda.blockIdx.y * TILE, cuda.blockIdx.x * TILE
+    M, K = x.shape
+    N = w.shape[0]
+    acc = float32(0.0)
+    for t in range((K + TILE - 1) // TILE):               # tile count from the problem size
+        k = t * TILE + tx                                 # neighbouring threads read neighbouring k: coalesced
+        xs[ty, tx] = x[m0 + ty, k] if m0 + ty < M and k < K else float32(0.0)
+        ws[ty, tx] = w[n0 + ty, k] if n0 + ty < N and k < K else float32(0.0)
+        cuda.syncthreads()                                # the tiles are complete before anyone reads them
+        for j in range(TILE):
+            acc += xs[ty, j] * ws[tx, j]
+        cuda.syncthreads()                                # everyone is done before the next tile overwrites
+    if m0 + ty < M and n0 + tx < N:
+        y[m0 + ty, n0 + tx] = acc
+
+
+@cuda_kernel("void(float32[:, ::1], float32[::1], float32[::1])")
+def gemv(w, x, y):
+    """y (N,) = w (N, K) @ x (K,). One block of GEMV_THREADS threads per output row: thread i sums
+    k = i, i + 32, ... (neighbouring threads read neighbouring k: coalesced), then a tree reduction in
+    shared memory adds the 32 partial sums."""
+    part = cuda.shared.array(GEMV_THREADS, float32)
+    n, i = cuda.blockIdx.x, cuda.threadIdx.x
+    K = w.shape[1]
+    acc = float32(0.0)
+    if n < w.shape[0]:
+        for k in range(i, K, GEMV_THREADS):
+            acc += w[n, k] * x[k]
+    part[i] = acc
+    cuda.syncthreads()
+    step = GEMV_THREADS // 2
+    while step > 0:                                       # 32 -> 16 -> ... -> 1 partial sums
+        if i < step:
+            part[i] += part[i + step]
+        cuda.syncthreads()
+        step //= 2
+    if i == 0 and n < w.shape[0]:
+        y[n] = part[0]
+
+
+def matmul_cuda(x, w):
+    """x (M, K) @ w (N, K)^T -> (M, N) float32 on the GPU (or the simulator)."""
+    check_array("x", x, np.float32, 2)
+    check_array("w", w, np.float32, 2, (None, x.shape[1]))
+    M, N = x.shape[0], w.shape[0]
+    y = empty_like(x, (M, N))
+    matmul_tiled[(blocks(N, TILE), blocks(M, TILE)), (TILE, TILE)](to_device(x), to_device(w), to_device(y))
+    return y
+
+
+def gemv_cuda(w, x):
+    """w (N, K) @ x (K,) -> (N,) float32 on the GPU (or the simulator)."""
+    check_array("w", w, np.float32, 2)
+    check_array("x", x, np.float32, 1, (w.shape[1],))
+    y = empty_like(x, (w.shape[0],))
+    gemv[w.shape[0], GEMV_THREADS](to_device(w), to_device(x), to_device(y))
+    return y
+
+
+# ----------------------------------------------------------------------------- CPU twins
+
+@njit(parallel=True, fastmath=True, cache=True)
+def linear_cpu(x, w, y):
+    """y (M, N) = x (M, K) @ w (N, K)^T, in place. Rows of W are split across threads (as run.c's
+    `#pragma omp parallel for` over its matmul's rows); each y[m, n] is one dot product over k in one
+    fixed order, whatever M is, so a row's result does not depend on what else is in the batch."""
+    M, K = x.shape
+    N = w.shape[0]
+    for n in prange(N):
+        for m in range(M):
+            acc = np.float32(0.0)
+            for k in range(K):
+                acc += x[m, k] * w[n, k]
+            y[m, n] = acc
+
+
+def matmul_cpu(x, w):
+    """x (M, K) @ w (N, K)^T -> (M, N), numpy float32 in and out."""
+    check_array("x", x, np.float32, 2)
+    check_array("w", w, np.float32, 2, (None, x.shape[1]))
+    y = np.empty((x.shape[0], w.shape[0]), np.float32)
+    linear_cpu(x, w, y)
+    return y
+
+
+def gemv_cpu(w, x):
+    """w (N, K) @ x (K,) -> (N,): the M = 1 case of linear_cpu (the same sums, bit for bit)."""
+    check_array("w", w, np.float32, 2)
+    check_array("x", x, np.float32, 1, (w.shape[1],))
+    return matmul_cpu(x[None, :], w)[0]
