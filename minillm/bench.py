@@ -18,28 +18,99 @@ from .runc import decode_loop
 from .sampling import RunCSampler
 
 
-def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5, threads: int | None = None) -> dict:
+def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5, threads: int | None = None,
+                 backend: str = "torch", runc: str | None = None, prompt: str = "") -> dict:
+    """Batch-1 greedy decode tok/s through `python -m minillm run`'s loop on this backend (compile time and
+    warm-up excluded), beside llama2.c's run.c on the same file when `runc` names a binary you built
+    (each run.c run its own process, alternated with ours)."""
+    from .model_runner import backend_model
     net, tok = load(model, tokenizer)
+    net = backend_model(net, backend)
     if threads:
         torch.set_num_threads(threads)
+    if backend == "numba":       # as `run --backend numba`: numba's threads work, torch's would spin against them
+        import numba
+        if threads:
+            numba.set_num_threads(threads)
+        torch.set_num_threads(1)
     steps = min(steps, net.config.max_seq_len)
     greedy = RunCSampler(0.0, 0.9, 1)
-    run = lambda n: decode_loop(net, tok, greedy, "", n, write=None, stop_at_bos=False)[1]
-    run(min(8, steps))  # warm-up: allocation, first-call costs
-    rates = [run(steps) for _ in range(repeats)]
-    return {"bench": "decode", "model": str(model), "steps": steps, "repeats": repeats,
-            "threads": torch.get_num_threads(), "tok_s_median": statistics.median(rates),
-            "tok_s_min": min(rates), "tok_s_max": max(rates), "tok_s_all": rates,
-            "params": net.config.num_params(), "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count()}
+    run = lambda n: decode_loop(net, tok, greedy, prompt, n, write=None, stop_at_bos=False)[1]
+    run(min(8, steps))  # warm-up: compilation (numba), allocation, first-call costs
+    tk = tokenizer or os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
+    rates, rc = [], []
+    for _ in range(repeats):
+        rates.append(run(steps))
+        if runc:
+            rc.append(runc_tok_s(runc, model, tk, steps, prompt))
+    res = {"bench": "decode", "model": str(model), "backend": backend, "steps": steps, "repeats": repeats,
+           "threads": numba_threads() if backend == "numba" else torch.get_num_threads(),
+           "tok_s_median": statistics.median(rates), "tok_s_min": min(rates), "tok_s_max": max(rates), "tok_s_all": rates,
+           "params": net.config.num_params(), "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+           "cpus": os.cpu_count()}
+    if runc:
+        res.update(runc=runc, runc_tok_s_median=statistics.median(rc), runc_tok_s_all=rc,
+                   over_runc=res["tok_s_median"] / statistics.median(rc))
+    if backend == "numba":
+        res["profile_us_per_token"] = numba_profile(net, 1e6 / res["tok_s_median"])
+    return res
 
 
-def runc_tok_s(runc: str, model: str, tokenizer: str, steps: int) -> float:
-    """One run of a llama2.c run.c binary (built by the user, outside this repo), greedy from an empty
-    prompt; its own "achieved tok/s" line (stderr)."""
+def numba_threads() -> int:
+    import numba
+    return numba.get_num_threads()
+
+
+def numba_profile(net, us_per_token: float, positions: int = 128) -> dict:
+    """Where a batch-1 numba decode step's time goes, in microseconds per token: the compiled forward
+    (over `positions` steps at growing context), the same matmuls alone on the same weights (layers and
+    classifier), the rest of the forward (attention, norms, RoPE, SwiGLU, K/V writes), and the Python
+    loop around it (tensors, metadata, sampling): us_per_token - forward."""
+    import time
+    import numpy as np
+    from .kernels.matmul import linear_cpu
+    from .numba_model import forward_rows
+    w, cfg = net.w, net.config
+    kc = np.zeros((cfg.n_layers, 1, cfg.max_seq_len, cfg.n_kv_heads, cfg.head_dim), np.float32)  # (L, 1, S, Hkv, D)
+    vc = np.zeros_like(kc)
+    n = min(positions, cfg.max_seq_len)
+    call = lambda p: forward_rows(np.array([5]), np.array([p]), np.array([p]), np.zeros((1, 1), np.int64), np.array([0]),
+                                  **w, k_cache=kc, v_cache=vc, n_heads=cfg.n_heads, eps=cfg.norm_eps)
+    call(0)
+    t = time.perf_counter()
+    for p in range(n):
+        call(p)
+    forward = (time.perf_counter() - t) / n * 1e6
+    x = np.full((1, cfg.dim), 0.1, np.float32)                       # (1, C)
+    h = np.full((1, cfg.hidden_dim), 0.1, np.float32)                # (1, F)
+    outs = {k: np.empty((1, w[k].shape[-2]), np.float32) for k in ("wqkv", "wo", "w13", "w2", "wcls")}
+
+    def matmuls(layers: bool):
+        if not layers:
+            return linear_cpu(x, w["wcls"], outs["wcls"])
+        for l in range(cfg.n_layers):
+            for k in ("wqkv", "wo", "w13"):
+                linear_cpu(x, w[k][l], outs[k])
+            linear_cpu(h, w["w2"][l], outs["w2"])
+
+    timed = {}
+    for name, layers in (("layer matmuls", True), ("classifier matmul", False)):
+        matmuls(layers)
+        t = time.perf_counter()
+        for _ in range(20):
+            matmuls(layers)
+        timed[name] = (time.perf_counter() - t) / 20 * 1e6
+    return {**timed, "attention, norms, RoPE, SwiGLU, K/V writes": forward - sum(timed.values()),
+            "Python loop, tensors, sampling": us_per_token - forward, "total": us_per_token}
+
+
+def runc_tok_s(runc: str, model: str, tokenizer: str, steps: int, prompt: str = "") -> float:
+    """One run of a llama2.c run.c binary (built by the user, outside this repo), greedy from `prompt`;
+    its own "achieved tok/s" line (stderr). run.c stops early if it samples BOS: give a prompt that
+    keeps a random-weight model going."""
     import re
     import subprocess
-    done = subprocess.run([runc, model, "-z", tokenizer, "-t", "0", "-n", str(steps), "-i", ""],
+    done = subprocess.run([runc, model, "-z", tokenizer, "-t", "0", "-n", str(steps), "-i", prompt],
                           capture_output=True, text=True, timeout=600)
     m = re.search(r"achieved tok/s: ([0-9.]+)", done.stderr)
     if done.returncode != 0 or not m:
@@ -164,6 +235,9 @@ def main(argv: list[str]) -> int:
     d.add_argument("--steps", type=int, default=256, help="positions per run, as run.c's -n")
     d.add_argument("--repeats", type=int, default=5)
     d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--backend", default="torch", choices=["torch", "numba"])
+    d.add_argument("--runc", default=None, help="a run.c binary you built, timed on the same file (-n steps, greedy)")
+    d.add_argument("--prompt", default="", help="the same prompt for both (run.c stops at BOS; a prompt keeps it going)")
     d.add_argument("--quick", action="store_true", help="3 runs of 64 steps: a smoke test")
     d.add_argument("--json", default=None, help="also write the result to this file")
     a = ap.parse_args(argv)
@@ -197,9 +271,14 @@ def main(argv: list[str]) -> int:
                 json.dump(res, f, indent=2)
         return 0
     steps, repeats = (64, 3) if a.quick else (a.steps, a.repeats)
-    res = bench_decode(a.model, a.tokenizer, steps, repeats, a.threads)
-    print(f"decode {res['model']}: {res['tok_s_median']:.1f} tok/s median over {repeats} runs of {res['steps']} steps "
-          f"(min {res['tok_s_min']:.1f}, max {res['tok_s_max']:.1f}; {res['threads']} threads)")
+    res = bench_decode(a.model, a.tokenizer, steps, repeats, a.threads, a.backend, a.runc, a.prompt)
+    print(f"decode {res['model']} ({a.backend}): {res['tok_s_median']:.1f} tok/s median over {repeats} runs of {res['steps']} "
+          f"steps (min {res['tok_s_min']:.1f}, max {res['tok_s_max']:.1f}; {res['threads']} threads)")
+    for part, us in res.get("profile_us_per_token", {}).items():
+        print(f"  {part:<44} {us:8.0f} us/token")
+    if a.runc:
+        print(f"run.c: {res['runc_tok_s_median']:.1f} tok/s median (min {min(res['runc_tok_s_all']):.1f}, max "
+              f"{max(res['runc_tok_s_all']):.1f}); {a.backend} / run.c = {res['over_runc']:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=2)

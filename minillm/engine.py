@@ -19,7 +19,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .kv_cache import KVCache, SwapSpace
 from .model import Transformer
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, backend_model
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams, sample_batch
 from .scheduler import Scheduler
@@ -33,11 +33,13 @@ DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not
 
 def _refuse_unbuilt(config: EngineConfig):
     """Options that name techniques later issues build: refuse them rather than silently ignore them."""
-    unbuilt = {"backend": "torch", "quantization": None, "kv_cache_dtype": "auto", "speculative": None}
+    unbuilt = {"quantization": None, "kv_cache_dtype": "auto", "speculative": None}
     for name, default in unbuilt.items():
         if getattr(config, name) != default:
             raise ValueError(f"{name}={getattr(config, name)!r} is not available in this build yet "
                              f"(only {name}={default!r})")
+    if config.backend == "cuda":
+        raise ValueError("backend='cuda' is not available in this build yet (backend='torch' or 'numba')")
 
 
 class LLMEngine:
@@ -66,7 +68,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.kv.num_blocks, bs, enable_prefix_caching=config.enable_prefix_caching,
                                           swap_blocks=swap_blocks)
         self.scheduler = Scheduler(config, self.block_manager, self.clock)
-        self.runner = ModelRunner(model, self.kv)
+        self.runner = ModelRunner(backend_model(model, config.backend), self.kv)
         self.trace = Trace(config.trace)
         self.requests: dict[str, list[Sequence]] = {}
         self.pending_forks: dict[int, list[Sequence]] = {}  # parent seq_id -> siblings waiting for its prefill

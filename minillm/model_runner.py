@@ -9,6 +9,15 @@ from .model import Transformer
 from .scheduler import ScheduledBatch
 
 
+def backend_model(model: Transformer, backend: str):
+    """The module that runs the forward for this backend: the torch model itself, or the numba twin
+    built on the same weights (imported only when asked for: it compiles on first use)."""
+    if backend == "numba":
+        from .numba_model import NumbaTransformer
+        return NumbaTransformer(model)
+    return model
+
+
 class ModelRunner:
     def __init__(self, model: Transformer, kv: KVCache):
         self.model, self.kv = model, kv

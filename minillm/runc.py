@@ -19,6 +19,7 @@ import torch
 from .attention import AttentionMetadata
 from .checkpoint import load_bin
 from .kv_cache import KVCache
+from .model_runner import backend_model
 from .sampling import RunCSampler
 from .tokenizer import BOS, Tokenizer
 
@@ -63,20 +64,21 @@ def main(argv: list[str]) -> int:
              "  -s <int>    random seed, default time(NULL)\n"
              "  -n <int>    number of steps to run for, default 256. 0 = max_seq_len\n"
              "  -i <string> input prompt\n  -z <string> optional path to custom tokenizer\n"
-             "  --backend torch  the kernel backend (the engine's option)\n")
+             "  --backend <torch|numba>  the kernel backend (the engine's option), default torch\n")
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(usage)
         return 1
-    ckpt, opts = argv[0], {"t": "1.0", "p": "0.9", "s": "0", "n": "256", "i": "", "z": "tokenizer.bin", "m": "generate"}
+    ckpt, backend, opts = argv[0], "torch", {"t": "1.0", "p": "0.9", "s": "0", "n": "256", "i": "", "z": "tokenizer.bin", "m": "generate"}
     rest = argv[1:]
     if len(rest) % 2:
         sys.stderr.write(usage)
         return 1
     for flag, value in zip(rest[::2], rest[1::2]):
         if flag == "--backend":
-            if value != "torch":
-                sys.stderr.write(f"backend {value!r} is not available yet; use torch\n")
+            if value not in ("torch", "numba"):
+                sys.stderr.write(f"backend {value!r} is not available; use torch or numba\n")
                 return 1
+            backend = value
             continue
         if len(flag) != 2 or flag[0] != "-" or flag[1] not in "tpsnizmy":
             sys.stderr.write(usage)
@@ -91,9 +93,12 @@ def main(argv: list[str]) -> int:
     seed = int(opts["s"])
     if seed <= 0:
         seed = int(time.time())
-    model = load_bin(ckpt)
+    model = backend_model(load_bin(ckpt), backend)
+    if backend == "numba":   # numba's OpenMP threads do the work; torch's would only spin against them
+        torch.set_num_threads(1)
     tokenizer = Tokenizer.load(opts["z"], model.config.vocab_size)
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+    if backend == "torch":
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
     stdout = lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush())
     _, tok_s = decode_loop(model, tokenizer, RunCSampler(temperature, topp, seed), opts["i"], int(opts["n"]), stdout)
     if tok_s:

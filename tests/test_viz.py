@@ -215,3 +215,54 @@ def test_block_size_sweep_plot():
     fig = viz.plot_block_size_sweep([1, 16, 256], [0.0, 0.03, 0.7], [12, 12, 3], kv_bytes=2**20)
     assert len(fig.axes) == 2 and [b.get_height() for b in bars(fig.axes[1])] == [12, 12, 3]
     assert "1.0 MiB" in fig.axes[1].get_title()
+
+
+# ----------------------------------------------------------------------------- kernels: access, roofline, fusion
+
+def test_plot_access_diagram_from_a_hand_made_log():
+    from minillm.kernels.access_trace import Access, AccessLog
+    log = AccessLog((1, 1, 1), (2, 1, 1), shapes={"a": (2, 3), "s": (4,)}, spaces={"a": "global", "s": "shared"})
+    b, t0, t1 = (0, 0, 0), (0, 0, 0), (1, 0, 0)
+    log.events += [Access(b, t0, "a", 1, "read"), Access(b, t1, "a", 1, "read"), Access(b, t1, "a", 5, "read"),
+                   Access(b, t0, "s", 2, "write"), Access(b, t0, "s", 3, "read")]
+    fig = viz.plot_access_diagram(log, "a")
+    ax = fig.axes[0]
+    assert ax.images[0].get_array().tolist() == [[0, 2, 0], [0, 0, 1]]
+    assert sorted(t.get_text() for t in ax.texts) == ["0"] * 4 + ["1", "2"]   # every cell shows its count
+    assert "a (global, 2x3): 3 reads" in ax.get_title() and not ax.patches
+    fig = viz.plot_access_diagram(log, ["a", "s"], thread=(0, 1))
+    a_ax, s_ax = fig.axes[:2]
+    assert [p.get_edgecolor()[:3] for p in a_ax.patches] == [matplotlib.colors.to_rgb(viz.kernels.SPACE_COLORS["global"])] * 2
+    assert not s_ax.patches                                                   # thread 1 never touched s
+    fig = viz.plot_access_diagram(log, "s", thread=(0, 0))
+    assert len(fig.axes[0].patches) == 2 and fig.axes[0].images[0].get_array().shape == (1, 4)
+    assert {p.get_linestyle() for p in fig.axes[0].patches} == {"-", "--"}   # a read and a write
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["read, shared memory", "written, shared memory"]
+
+
+def test_plot_roofline():
+    pts = [{"kind": "decode", "M": m, "intensity": m / 2, "flop_s": 1e9 * m} for m in (1, 8)]
+    pts += [{"kind": "prefill", "M": 512, "intensity": 100.0, "flop_s": 5e10}]
+    fig = viz.plot_roofline({"peak_flop_s": 1e11, "bandwidth": 1e10, "points": pts, "device": "cpu"})
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert len(ax.collections) == 2                                           # decode and prefill scatters
+    roof = ax.lines[0].get_ydata()
+    assert roof.max() == pytest.approx(1e11) and roof[0] == pytest.approx(1e10 * ax.lines[0].get_xdata()[0])
+    labels = [t.get_text() for t in ax.texts]
+    assert "decode M=1" in labels and "prefill M=512" in labels and "ridge 10 flop/B" in labels
+
+
+def test_plot_fusion():
+    rows = [{"name": "rmsnorm", "unfused_bytes": 3 * 2**20, "fused_bytes": 2**20, "unfused_seconds": 3e-4,
+             "fused_seconds": 1e-4},
+            {"name": "swiglu", "unfused_bytes": 5 * 2**20, "fused_bytes": 3 * 2**20, "unfused_seconds": 2e-4,
+             "fused_seconds": 1.5e-4}]
+    fig = viz.plot_fusion(rows)
+    left, right = fig.axes
+    assert [b.get_height() for b in bars(left)] == [3, 5, 1, 3]               # MiB: unfused pair, then fused pair
+    assert [round(b.get_height()) for b in bars(right)] == [300, 200, 100, 150]   # microseconds
+    assert any("3.0x less" in t.get_text() for t in left.texts)
+    assert [t.get_text() for t in left.get_xticklabels()] == ["rmsnorm", "swiglu"]
+    with pytest.raises(ValueError, match="at least one row"):
+        viz.plot_fusion([])

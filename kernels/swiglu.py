@@ -1,0 +1,112 @@
+"""SwiGLU activation, out = silu(gate) * up with silu(g) = g * sigmoid(g) = g / (1 + exp(-g))
+(Shazeer 2020, "GLU Variants Improve Transformer"): the middle of Llama's feed-forward,
+w2(silu(w1 x) * w3 x), as llama2.c's run.c computes it in one loop over the hidden dim.
+
+Why fuse: written as two kernels, silu(gate) goes to a temporary in global memory and the multiply
+reads it back, 5 floats moved per element; fused, each thread reads gate and up and writes out, 3
+floats (`bytes_moved` counts them). The arithmetic is a few flops per element either way, so the time
+is the bytes (vLLM's `silu_and_mul` kernel fuses it the same way).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import float32, njit, prange
+
+from . import blocks, check_array, cuda_kernel, empty_like, to_device
+
+cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
+
+THREADS = 256   # threads per block, one thread per element
+
+
+# ----------------------------------------------------------------------------- CUDA kernels
+
+@cuda_kernel("void(float32[:, ::1], float32[:, ::1], float32[:, ::1])")
+def swiglu_kernel(gate, up, out):
+    """out (M, F) = silu(gate) * up; thread t owns element (t // F, t % F): neighbouring threads,
+    neighbouring addresses (coalesced)."""
+    t = cuda.grid(1)
+    M, F = gate.shape
+    if t < M * F:
+        m, f = t // F, t % F
+        g = gate[m, f]
+        out[m, f] = g / (float32(1.0) + math.exp(-g)) * up[m, f]
+
+
+@cuda_kernel("void(float32[:, ::1], float32[:, ::1])")
+def silu_kernel(gate, tmp):
+    """tmp (M, F) = silu(gate): the first kernel of the unfused pair."""
+    t = cuda.grid(1)
+    M, F = gate.shape
+    if t < M * F:
+        m, f = t // F, t % F
+        g = gate[m, f]
+        tmp[m, f] = g / (float32(1.0) + math.exp(-g))
+
+
+@cuda_kernel("void(float32[:, ::1], float32[:, ::1], float32[:, ::1])")
+def mul_kernel(tmp, up, out):
+    """out (M, F) = tmp * up: the second kernel of the unfused pair."""
+    t = cuda.grid(1)
+    M, F = tmp.shape
+    if t < M * F:
+        m, f = t // F, t % F
+        out[m, f] = tmp[m, f] * up[m, f]
+
+
+def _check(gate, up):
+    check_array("gate", gate, np.float32, 2)
+    check_array("up", up, np.float32, 2, tuple(gate.shape))
+
+
+def swiglu_cuda(gate, up):
+    """silu(gate (M, F)) * up (M, F) -> (M, F) float32, one fused kernel, on the GPU (or simulator)."""
+    _check(gate, up)
+    out = empty_like(gate, tuple(gate.shape))            # (M, F)
+    n = gate.shape[0] * gate.shape[1]
+    if n:
+        swiglu_kernel[blocks(n, THREADS), THREADS](to_device(gate), to_device(up), to_device(out))
+    return out
+
+
+def swiglu_unfused_cuda(gate, up):
+    """The same result from two kernels through a temporary: the baseline the fused kernel is measured
+    against (same operations in the same order, so the same bits)."""
+    _check(gate, up)
+    tmp = empty_like(gate, tuple(gate.shape))            # (M, F) silu(gate), a round trip through memory
+    out = empty_like(gate, tuple(gate.shape))            # (M, F)
+    n = gate.shape[0] * gate.shape[1]
+    if n:
+        silu_kernel[blocks(n, THREADS), THREADS](to_device(gate), to_device(tmp))
+        mul_kernel[blocks(n, THREADS), THREADS](to_device(tmp), to_device(up), to_device(out))
+    return out
+
+
+def bytes_moved(rows: int, hidden: int, fused: bool) -> int:
+    """Global-memory bytes (float32) read + written for rows x hidden elements:
+        unfused: silu reads gate, writes tmp; mul reads tmp, up, writes out -> 5 floats per element
+        fused:   reads gate, up, writes out                              -> 3 floats per element"""
+    return 4 * rows * hidden * (3 if fused else 5)
+
+
+# ----------------------------------------------------------------------------- CPU twin
+
+@njit(parallel=True, fastmath=True, cache=True)
+def swiglu_rows(gate, up, out):
+    """out (M, F) = silu(gate (M, F)) * up (M, F), in place (out may be gate), rows across threads.
+    Elementwise: no element depends on any other, so nothing depends on the batch."""
+    M, F = gate.shape
+    for m in prange(M):
+        for f in range(F):
+            g = gate[m, f]
+            out[m, f] = g / (np.float32(1.0) + np.exp(-g)) * up[m, f]
+
+
+def swiglu_cpu(gate, up):
+    """silu(gate (M, F)) * up (M, F) -> new (M, F) numpy float32."""
+    _check(gate, up)
+    out = np.empty(gate.shape, np.float32)               # (M, F)
+    swiglu_rows(gate, up, out)
+    return out
