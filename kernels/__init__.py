@@ -1,8 +1,15 @@
 """minillm.kernels: numba kernels, one family per file, each as a CUDA kernel (@cuda.jit) with its
 launcher and a CPU twin (@njit).
 
-    matmul.py           tiled matmul with shared memory (y = x W^T), and GEMV
-    ...                 (see the README's map)
+    matmul.py           tiled matmul with shared memory (y = x W^T), and GEMV; matmul_naive.py
+    rmsnorm.py          RMSNorm, and fused residual-add + RMSNorm
+    rope.py             rotary embedding in llama2.c's pair layout
+    softmax.py          three-pass (block reduction) and online softmax
+    swiglu.py           fused SiLU(gate) * up
+    flash_attention.py  FlashAttention forward (tiles, online softmax, causal); FLAT; naive reference
+    paged_attention.py  decode attention through block tables; flash-decoding
+    quant_gemv.py       int8 and int4 dequantizing GEMV in DESIGN.md's layouts
+    access_trace.py     records which simulated thread touches which element (a tool, no kernel)
 
 The CUDA side runs on a real GPU, or in numba's CUDA simulator on any CPU (slowly: every thread is a
 Python thread; use it for learning and for tests at small shapes). numba decides which, once, when

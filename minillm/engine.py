@@ -38,8 +38,7 @@ def _refuse_unbuilt(config: EngineConfig):
         if getattr(config, name) != default:
             raise ValueError(f"{name}={getattr(config, name)!r} is not available in this build yet "
                              f"(only {name}={default!r})")
-    if config.backend == "cuda":
-        raise ValueError("backend='cuda' is not available in this build yet (backend='torch' or 'numba')")
+
 
 
 class LLMEngine:
@@ -59,7 +58,8 @@ class LLMEngine:
             raise ValueError(f"the KV cache gets {kv_bytes:,} bytes but one sequence of max_model_len="
                              f"{config.max_model_len} needs {need:,} ({per_token:,} bytes per token): raise "
                              f"kv_cache_bytes or lower max_model_len")
-        self.kv = KVCache.from_bytes(mcfg, kv_bytes, bs, dtype)
+        runner_model = backend_model(model, config.backend)            # the torch model, or its numba/cuda twin
+        self.kv = KVCache.from_bytes(mcfg, kv_bytes, bs, dtype, device=getattr(runner_model, "device", "cpu"))
         swap_blocks = config.swap_bytes // (self.kv.nbytes // self.kv.num_blocks)
         if config.preemption_mode == "swap" and swap_blocks < 1:
             raise ValueError(f"preemption_mode='swap' needs swap_bytes for at least one block "
@@ -68,7 +68,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.kv.num_blocks, bs, enable_prefix_caching=config.enable_prefix_caching,
                                           swap_blocks=swap_blocks)
         self.scheduler = Scheduler(config, self.block_manager, self.clock)
-        self.runner = ModelRunner(backend_model(model, config.backend), self.kv)
+        self.runner = ModelRunner(runner_model, self.kv)
         self.trace = Trace(config.trace)
         self.requests: dict[str, list[Sequence]] = {}
         self.pending_forks: dict[int, list[Sequence]] = {}  # parent seq_id -> siblings waiting for its prefill

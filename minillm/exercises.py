@@ -127,6 +127,180 @@ def check_slot_mapping(fn):
     return "slot = block_table[p // block_size] * block_size + p % block_size"
 
 
+# ---------------------------------------------------------------- 03_kernels_numba_cuda
+class _Dim3(tuple):
+    """(x, y, z) with .x .y .z, as numba.cuda's threadIdx and friends."""
+    x = property(lambda self: self[0])
+    y = property(lambda self: self[1])
+    z = property(lambda self: self[2])
+
+
+class _OneThread:
+    """A stand-in for numba.cuda while one thread of a launch runs (see _launch_kernel)."""
+
+    def __init__(self, griddim, blockdim):
+        self.gridDim, self.blockDim = _Dim3(griddim), _Dim3(blockdim)
+        self.blockIdx = self.threadIdx = _Dim3((0, 0, 0))
+
+    def grid(self, ndim):
+        ids = [b * d + t for b, d, t in zip(self.blockIdx, self.blockDim, self.threadIdx)][:ndim]
+        return ids[0] if ndim == 1 else tuple(ids)
+
+    def syncthreads(self):
+        raise RuntimeError("this checker runs threads one at a time when numba's CUDA simulator is off: "
+                           "write the kernel without shared memory or syncthreads")
+
+
+def _launch_kernel(fn, griddim, blockdim, *args):
+    """fn[griddim, blockdim](*args) for a kernel body written against numba.cuda. In the simulator or
+    on a GPU, a real launch (cuda.jit). Otherwise (numba.cuda imported without the simulator and no GPU,
+    as in the unit tests) each thread runs in turn in plain Python, `cuda` in fn's globals standing for
+    numba.cuda: exact for kernels whose threads never wait for each other."""
+    import itertools
+    import sys
+
+    from minillm.kernels import cuda, gpu_available, simulating
+    pad = lambda d: tuple(d) + (1,) * (3 - len(d))
+    griddim, blockdim = pad(griddim), pad(blockdim)
+    if simulating() or gpu_available():
+        cuda().jit(fn)[griddim, blockdim](*args)
+        return
+    fn = getattr(fn, "py_func", fn)
+    real = sys.modules.get("numba.cuda")
+    swapped = {k: v for k, v in fn.__globals__.items() if k == "cuda" or (real is not None and v is real)}
+    fake = _OneThread(griddim, blockdim)
+    fn.__globals__.update(dict.fromkeys(swapped, fake))
+    try:
+        for b in itertools.product(*(range(n) for n in griddim)):
+            for t in itertools.product(*(range(n) for n in blockdim)):
+                fake.blockIdx, fake.threadIdx = _Dim3(b), _Dim3(t)
+                fn(*args)
+    finally:
+        fn.__globals__.update(swapped)
+
+
+@checker
+def check_scale_rows_kernel(fn):
+    """fn(x (M, N), scale (M,), weight (N,), out (M, N)): a CUDA kernel body, out[m, n] = x[m, n] * scale[m]
+    * weight[n], one thread per element, launched with grid (blocks(N, bx), blocks(M, by)), block (bx, by)"""
+    import numpy as np
+
+    from minillm.kernels import blocks
+    rng = np.random.default_rng(3)
+    for M, N, block in [(1, 1, (4, 4)), (5, 7, (8, 4)), (13, 40, (16, 8)), (33, 3, (4, 16))]:
+        x = rng.standard_normal((M, N), dtype=np.float32)
+        scale = rng.random(M, dtype=np.float32) + 0.5
+        weight = rng.standard_normal(N, dtype=np.float32)
+        out = np.full((M, N), np.nan, np.float32)                 # NaN marks an element no thread wrote
+        grid = (blocks(N, block[0]), blocks(M, block[1]))
+        where = f"(M, N) = ({M}, {N}), grid {grid}, block {block}"
+        try:
+            _launch_kernel(fn, grid, block, x, scale, weight, out)
+        except IndexError as e:
+            raise AssertionError(f"{where}: IndexError ({e}): the grid has more threads than elements, "
+                                 "so a thread past the edge must do nothing (if m < M and n < N)") from None
+        missed = np.argwhere(np.isnan(out))
+        assert not len(missed), (f"{where}: {len(missed)} of {M * N} outputs never written, "
+                                 f"e.g. out[{', '.join(str(int(i)) for i in missed[0])}]; "
+                                 "the grid's x runs along columns n, y along rows m: n, m = cuda.grid(2)")
+        want = x * scale[:, None] * weight[None, :]
+        err = float(np.abs(out - want).max())
+        assert np.allclose(out, want, rtol=1e-5, atol=1e-6), f"{where}: max abs error {err:.3g}"
+    return "every element written once, right value, extra threads at the edges do nothing"
+
+
+@checker
+def check_global_reads(fn):
+    """fn(M, K, N, tile) -> (element reads of x, element reads of w) from global memory by the tiled matmul
+    y (M, N) = x (M, K) @ w (N, K)^T with tile x tile blocks (minillm.kernels.matmul.matmul_tiled)"""
+    cases = [(16, 20, 32, 16), (5, 7, 3, 16), (17, 33, 40, 16), (64, 64, 64, 8), (3, 5, 7, 1), (100, 30, 1, 32)]
+    for M, K, N, tile in cases:
+        # a block loads its TILE rows of x and of w once per k-tile: x is read once per block column
+        # (ceil(N / tile) of them), w once per block row; out-of-range tile entries are zeros, not reads
+        want = (M * K * -(-N // tile), N * K * -(-M // tile))
+        got = fn(M, K, N, tile)
+        assert tuple(got) == want, f"(M, K, N) = ({M}, {K}, {N}), tile {tile}: got {tuple(got)}, expected {want}"
+    return "x read ceil(N/tile) times per element, w ceil(M/tile) times; tile = 1 is the naive kernel"
+
+
+# ---------------------------------------------------------------- 04_flash_attention
+@checker
+def check_online_softmax_update(fn):
+    """fn(m, d, x) -> (m_new, d_new): the running max and the running sum of exp(. - max) after one more
+    element x (Milakov & Gimelshein's recurrence; the first call gets m = -inf, d = 0)"""
+    import math
+
+    import numpy as np
+
+    from .kernels.softmax import online_softmax_steps, softmax_cpu
+    rng = np.random.default_rng(4)
+    cases = [("7 random values", rng.standard_normal(7) * 2), ("a rising row", np.arange(6.0)),
+             ("a falling row", -np.arange(6.0)), ("values near 1000", 1000 + rng.standard_normal(9) * 5)]
+    for name, xs in cases:
+        m, d = -math.inf, 0.0
+        for (i, m_ref, d_ref), x in zip(online_softmax_steps(xs), xs):
+            m, d = (float(v) for v in fn(m, d, float(x)))
+            assert math.isclose(m, m_ref, rel_tol=1e-12), f"{name}, after element {i}: m = {m:.6g}, expected {m_ref:.6g}"
+            assert math.isclose(d, d_ref, rel_tol=1e-6), \
+                f"{name}, after element {i}: d = {d:.6g}, expected {d_ref:.6g} (is the old sum rescaled when the max rises?)"
+        if name == "7 random values":                       # (m, d) is all the softmax needs
+            want = softmax_cpu(xs.astype(np.float32)[None])[0]
+            got = np.exp(xs - m) / d
+            assert np.allclose(got, want, atol=1e-6), f"{name}: exp(x - m) / d is not the softmax"
+    return "matches online_softmax_steps after every element; exp(x - m) / d is the softmax, even near 1000"
+
+
+def _split_partials(q, k, v, n, num_splits):
+    """Flash-Decoding's per-split outputs o_s (S, H, D) and log-sum-exps (S, H) of one query row q (H, D)
+    over its first n keys k, v (n, Hkv, D), in float64: split s covers ceil(n / S) positions."""
+    import numpy as np
+    H, D = q.shape
+    group = H // k.shape[1]
+    per = -(-n // num_splits)
+    outs, lses = np.zeros((num_splits, H, D)), np.full((num_splits, H), -np.inf)
+    for s in range(num_splits):
+        p0, p1 = min(s * per, n), min((s + 1) * per, n)
+        if p1 == p0:                                          # an empty split: o = 0, lse = -inf
+            continue
+        for h in range(H):
+            sc = k[p0:p1, h // group].astype(np.float64) @ q[h] / np.sqrt(D)     # (p1 - p0,)
+            e = np.exp(sc - sc.max())
+            outs[s, h] = e @ v[p0:p1, h // group] / e.sum()
+            lses[s, h] = sc.max() + np.log(e.sum())
+    return outs, lses
+
+
+@checker
+def check_combine_splits(fn):
+    """fn(outs (S, H, D), lses (S, H)) -> out (H, D): combine Flash-Decoding's per-split outputs, each
+    normalised by its own sum, using their log-sum-exps (an empty split has lse = -inf)"""
+    import numpy as np
+
+    from .kernels.paged_attention import paged_attention_cpu
+    rng = np.random.default_rng(5)
+    BS = 4
+    for name, n, S, H, Hkv, D, shift in [("context 100, 4 splits", 100, 4, 2, 2, 16, 0.0),
+                                         ("context 37, 3 uneven splits, GQA", 37, 3, 4, 1, 8, 0.0),
+                                         ("context 5, 8 splits (3 empty)", 5, 8, 2, 2, 4, 0.0),
+                                         ("scores shifted by +1000", 64, 4, 2, 2, 8, 1000.0),
+                                         ("one split", 20, 1, 1, 1, 8, 0.0)]:
+        k, v = (rng.standard_normal((n, Hkv, D)).astype(np.float32) for _ in range(2))
+        q = rng.standard_normal((H, D)).astype(np.float32)
+        nb = -(-n // BS)
+        table = rng.permutation(nb + 2)[:nb].astype(np.int64)                # blocks anywhere in a pool
+        k_pool, v_pool = (np.zeros((nb + 2, BS, Hkv, D), np.float32) for _ in range(2))
+        for p in range(n):
+            k_pool[table[p // BS], p % BS], v_pool[table[p // BS], p % BS] = k[p], v[p]
+        want = paged_attention_cpu(q[None], k_pool, v_pool, table[None], np.array([n], np.int64))[0]   # (H, D)
+        outs, lses = _split_partials(q, k, v, n, S)
+        got = np.asarray(fn(outs.copy(), lses + shift), dtype=np.float64)   # a common shift cancels out
+        assert got.shape == want.shape, f"{name}: shape {got.shape}, expected {want.shape}"
+        assert np.isfinite(got).all(), f"{name}: non-finite output (subtract the largest lse before exp)"
+        err = np.abs(got - want).max()
+        assert err < 2e-5, f"{name}: max abs error {err:.3g} against paged_attention_cpu over the whole context"
+    return "matches paged_attention_cpu over the whole context: uneven and empty splits, GQA, lse near 1000"
+
+
 # ---------------------------------------------------------------- 09_training_and_distillation
 @checker
 def check_lr_schedule(fn):

@@ -10,11 +10,14 @@ from .scheduler import ScheduledBatch
 
 
 def backend_model(model: Transformer, backend: str):
-    """The module that runs the forward for this backend: the torch model itself, or the numba twin
-    built on the same weights (imported only when asked for: it compiles on first use)."""
+    """The module that runs the forward for this backend: the torch model itself, or its numba or CUDA
+    twin built on the same weights (imported only when asked for: they compile on first use)."""
     if backend == "numba":
         from .numba_model import NumbaTransformer
         return NumbaTransformer(model)
+    if backend == "cuda":
+        from .cuda_model import CudaTransformer
+        return CudaTransformer(model)
     return model
 
 

@@ -32,7 +32,8 @@ def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, w
     if steps <= 0 or steps > cfg.max_seq_len:
         steps = cfg.max_seq_len
     prompt_ids = tokenizer.encode(prompt, bos=True, eos=False)
-    kv = KVCache(cfg, num_blocks=1, block_size=cfg.max_seq_len, dtype=next(model.parameters()).dtype)
+    kv = KVCache(cfg, num_blocks=1, block_size=cfg.max_seq_len, dtype=next(model.parameters()).dtype,
+                 device=getattr(model, "device", "cpu"))                  # backend='cuda': the pool on the GPU
     table = torch.zeros(1, 1, dtype=torch.long)                     # (B=1, M=1): the contiguous cache
     token, pos, start, out = prompt_ids[0], 0, None, [prompt_ids[0]]
     with torch.inference_mode():
@@ -64,7 +65,7 @@ def main(argv: list[str]) -> int:
              "  -s <int>    random seed, default time(NULL)\n"
              "  -n <int>    number of steps to run for, default 256. 0 = max_seq_len\n"
              "  -i <string> input prompt\n  -z <string> optional path to custom tokenizer\n"
-             "  --backend <torch|numba>  the kernel backend (the engine's option), default torch\n")
+             "  --backend <torch|numba|cuda>  the kernel backend (the engine's option), default torch\n")
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(usage)
         return 1
@@ -75,8 +76,8 @@ def main(argv: list[str]) -> int:
         return 1
     for flag, value in zip(rest[::2], rest[1::2]):
         if flag == "--backend":
-            if value not in ("torch", "numba"):
-                sys.stderr.write(f"backend {value!r} is not available; use torch or numba\n")
+            if value not in ("torch", "numba", "cuda"):
+                sys.stderr.write(f"backend {value!r} is not available; use torch, numba or cuda\n")
                 return 1
             backend = value
             continue
@@ -93,7 +94,12 @@ def main(argv: list[str]) -> int:
     seed = int(opts["s"])
     if seed <= 0:
         seed = int(time.time())
-    model = backend_model(load_bin(ckpt), backend)
+    model = load_bin(ckpt)
+    try:
+        model = backend_model(model, backend)
+    except ValueError as e:          # e.g. backend='cuda' with no GPU
+        sys.stderr.write(f"{e}\n")
+        return 1
     if backend == "numba":   # numba's OpenMP threads do the work; torch's would only spin against them
         torch.set_num_threads(1)
     tokenizer = Tokenizer.load(opts["z"], model.config.vocab_size)

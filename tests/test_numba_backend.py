@@ -80,3 +80,9 @@ def test_run_cli_with_numba_prints_what_runc_prints(data_dir, capfdbinary):
                "-t", "0", "-n", "0", "-i", "Hamlet"])
     out, _ = capfdbinary.readouterr()
     assert rc == 0 and out == open(f"{data_dir}/golden_greedy.txt", "rb").read()
+
+
+def test_cuda_backend_without_a_gpu_says_what_to_do(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError, match=r"backend='cuda' needs a CUDA GPU .* minillm.kernels.use_simulator\(\) first"):
+        LLM(model, tokenizer=tok, backend="cuda")

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from minillm import profiling as P
+from minillm import roofline as R
 from minillm.config import ModelConfig
 from minillm.kv_cache import KVCache
 from minillm.loader import random_model
@@ -123,32 +124,32 @@ def test_forward_breakdown_counts_every_parameter(tiny):
 
 
 def test_matmul_cost_by_hand():
-    c = P.matmul_cost(2, 3, 4)                       # y (2, 4) = x (2, 3) @ W (4, 3)^T
+    c = R.matmul_cost(2, 3, 4)                       # y (2, 4) = x (2, 3) @ W (4, 3)^T
     assert c["flops"] == 2 * 2 * 3 * 4 == 48          # a multiply and an add per weight per row
     assert c["bytes"] == 4 * (2 * 3 + 4 * 3 + 2 * 4) == 104
     assert c["intensity"] == pytest.approx(48 / 104)
-    p = P.matmul_point(2, 3, 4, repeats=1)
+    p = R.matmul_point(2, 3, 4, repeats=1)
     assert {k: p[k] for k in c} == c and p["seconds"] > 0
     assert p["flop_s"] == pytest.approx(p["flops"] / p["seconds"])
     with pytest.raises(ValueError, match="M, K, N"):
-        P.matmul_point(0, 3, 4)
+        R.matmul_point(0, 3, 4)
 
 
 def test_memory_bandwidth_is_a_rate():
-    assert P.memory_bandwidth(2**20, repeats=1) > 0
+    assert R.memory_bandwidth(2**20, repeats=1) > 0
     with pytest.raises(ValueError, match="repeats"):
-        P.memory_bandwidth(2**20, repeats=0)
+        R.memory_bandwidth(2**20, repeats=0)
 
 
 def test_roofline_intensity_grows_with_m():
     cfg = ModelConfig.from_name("tiny")
-    r = P.roofline(cfg, batch_sizes=(1, 4, 16), prefill_tokens=(64,), peak_size=64, repeats=1)
+    r = R.roofline(cfg, batch_sizes=(1, 4, 16), prefill_tokens=(64,), peak_size=64, repeats=1)
     assert [(p["kind"], p["M"]) for p in r["points"]] == [("decode", 1), ("decode", 4), ("decode", 16), ("prefill", 64)]
     intensity = [p["intensity"] for p in r["points"]]
     assert intensity == sorted(intensity) and intensity[0] < 0.5 < intensity[-1]   # M = 1 re-reads W per row
     one = r["points"][0]                             # the layer's seven matmuls at M = 1, summed
     C, Hd, kv = cfg.dim, cfg.hidden_dim, cfg.kv_dim
     assert one["flops"] == 2 * (2 * C * C + 2 * kv * C + 3 * Hd * C)
-    assert one["bytes"] == sum(4 * (K + N * K + N) for _, N, K in P.layer_matmuls(cfg))   # x, W, y of each
+    assert one["bytes"] == sum(4 * (K + N * K + N) for _, N, K in R.layer_matmuls(cfg))   # x, W, y of each
     assert r["peak_flop_s"] >= max(p["flop_s"] for p in r["points"])          # nothing sits above the roof
     assert r["ridge_intensity"] == pytest.approx(r["peak_flop_s"] / r["bandwidth"])

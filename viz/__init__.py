@@ -3,12 +3,13 @@
 viz draws the plain data that minillm records or measures (Trace steps, minillm.profiling results,
 tensors); it never reaches into the engine's internals, and minillm never imports it.
 One concept per file: engine_path, trace, sampling, architecture, forward_breakdown, attention,
-rope, kv_cache, decode_timing, training, serving, kernels (diagram and _figure are the shared drawing kit).
+rope, kv_cache, decode_timing, training, serving, kernels, flash (diagram and _figure are the shared drawing kit).
 """
 from .architecture import draw_llama_block, llama_steps
 from .attention import plot_attention
 from .decode_timing import plot_decode_timing, plot_prefill_vs_decode
 from .engine_path import draw_engine_path
+from .flash import draw_attention_tiles, plot_attention_memory, plot_online_softmax, plot_split_sweep
 from .forward_breakdown import plot_forward_breakdown
 from .kernels import plot_access_diagram, plot_fusion, plot_roofline
 from .kv_cache import draw_kv_pool, draw_recompute_grid, plot_kv_bytes, plot_kv_bytes_vs_length
@@ -24,4 +25,5 @@ __all__ = ["draw_engine_path", "plot_trace", "plot_next_token_distribution", "sa
            "draw_recompute_grid", "plot_kv_bytes", "plot_kv_bytes_vs_length", "draw_kv_pool",
            "plot_decode_timing", "plot_prefill_vs_decode", "plot_training_curves", "plot_expected_tokens", "plot_timeline", "plot_block_map",
            "plot_memory_bars", "plot_serve_comparison", "plot_latency_vs_throughput", "serving_explorer", "plot_block_size_sweep",
-           "plot_access_diagram", "plot_roofline", "plot_fusion"]
+           "plot_access_diagram", "plot_roofline", "plot_fusion",
+           "draw_attention_tiles", "plot_online_softmax", "plot_attention_memory", "plot_split_sweep"]
