@@ -44,6 +44,9 @@ def use_simulator(on: bool = True) -> None:
                                "call use_simulator() before the first kernel runs (restart the kernel/process)")
         return
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1" if on else "0"
+    if "numba" in sys.modules:          # numba read its config at import: make it read the variable again
+        from numba.core import config
+        config.reload_config()
 
 
 def simulating() -> bool:

@@ -23,3 +23,22 @@ def test_a_rows_result_does_not_depend_on_the_batch():
     for m in range(9):
         assert np.array_equal(matmul_cpu(x[m:m + 1], w)[0], full[m])      # bit for bit
         assert np.array_equal(gemv_cpu(w, x[m]), full[m])
+
+
+def test_use_simulator_works_after_numba_is_imported_and_refuses_a_late_switch():
+    """A notebook imports numba (print_machine does) before it asks for the simulator; that must still
+    work, and switching once numba.cuda is loaded must fail loudly. In a fresh process: numba.cuda is
+    loaded in this one."""
+    import subprocess
+    import sys
+    code = ("import numba, numpy as np\n"
+            "from minillm.kernels import use_simulator, simulating\n"
+            "use_simulator()\n"
+            "from minillm.kernels.matmul import matmul_cuda\n"
+            "y = matmul_cuda(np.ones((3, 4), np.float32), np.ones((5, 4), np.float32))\n"
+            "assert simulating() and (y == 4).all()\n"
+            "try:\n    use_simulator(False)\nexcept RuntimeError as e:\n    print('refused:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in __import__("os").environ.items() if k != "NUMBA_ENABLE_CUDASIM"})
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert "refused: numba.cuda is already imported with the simulator on" in r.stdout

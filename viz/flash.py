@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter, LogLocator
 
 from ._figure import COLORS, finish, new_figure
 
@@ -135,28 +136,34 @@ def plot_attention_memory(lengths, measured: dict, predicted: dict | None = None
 
 def plot_split_sweep(splits, series: dict, threads: int | None = None,
                      title: str = "Flash-Decoding: time against num_splits"):
-    """Time against the number of KV splits. series: {label: [seconds per split count]}; each curve is
-    also annotated with its speed-up at its best split count over num_splits = 1. threads: the CPU
-    threads, drawn as a vertical line (splits beyond that many tasks cannot run at once)."""
-    fig, axes = new_figure(width=6.8, height=4.0)
-    ax = axes[0, 0]
+    """Left, time per call against the number of KV splits; right, the speed-up over num_splits = 1.
+    series: {label: [seconds per split count]}. threads: the CPU threads, drawn on the right as the
+    most any number of splits can give a single (row, head) task."""
+    fig, axes = new_figure(ncols=2, width=10.0, height=3.8)
+    left, right = axes[0]
     splits = list(splits)
     palette = [COLORS["prefill"], COLORS["decode"], COLORS["kv cache"], COLORS["formula"]]
     for (label, secs), color in zip(series.items(), palette * 4):
-        ms = [s * 1e3 for s in secs]
-        ax.plot(splits, ms, marker="o", color=color, label=label)
-        best = int(np.argmin(ms))
-        ax.annotate(f"{ms[0] / ms[best]:.1f}x", (splits[best], ms[best]), textcoords="offset points",
-                    xytext=(0, 7), ha="center", fontsize=8, color=color)
+        ms = np.array(secs, dtype=float) * 1e3
+        left.plot(splits, ms, marker="o", color=color, label=label)
+        right.plot(splits, ms[0] / ms, marker="o", color=color, label=label)
     if threads:
-        ax.axvline(threads, color="#999999", ls=":", lw=1)
-        ax.text(threads, ax.get_ylim()[1], f" {threads} threads", va="top", fontsize=8, color="#777777")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(splits)
-    ax.set_xticklabels([str(s) for s in splits])
-    ax.set_yscale("log")
-    ax.set(xlabel="num_splits (KV chunks per row and head)", ylabel="ms per call", title=title)
-    ax.legend(frameon=False, fontsize=8)
-    ax.grid(alpha=0.3, which="both")
+        right.axhline(threads, color="#999999", ls=":", lw=1)
+        right.text(splits[0], threads, f" {threads} threads: the most splitting can give", va="bottom",
+                   fontsize=8, color="#777777")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(splits)
+        ax.set_xticklabels([str(s) for s in splits])
+        ax.set_xlabel("num_splits (KV chunks per row and head)")
+        ax.grid(alpha=0.3, which="both")
+    left.set_yscale("log")
+    left.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    left.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    left.set(ylabel="ms per call (log scale)", title=title)
+    left.title.set_fontsize(10)
+    right.set_ylim(0, max([threads or 1] + [float(np.max(np.array(s[0]) / np.array(s))) for s in series.values()]) * 1.25)
+    right.set(ylabel="speed-up over num_splits = 1", title="speed-up from splitting")
+    right.legend(frameon=False, fontsize=8, loc="lower right")
     return finish(fig)
-
