@@ -150,17 +150,33 @@ def _inv_rms(row, eps):
     return np.float32(1.0) / np.sqrt(ss / np.float32(row.shape[0]) + eps)
 
 
+@njit(fastmath=True, cache=True)
+def _rmsnorm_row(x, weight, e, out):
+    scale = _inv_rms(x, e)
+    for k in range(x.shape[0]):
+        out[k] = x[k] * scale * weight[k]
+
+
+@njit(fastmath=True, cache=True)
+def _add_rmsnorm_row(x, residual, weight, e, out):
+    for k in range(x.shape[0]):
+        residual[k] += x[k]
+    scale = _inv_rms(residual, e)
+    for k in range(x.shape[0]):
+        out[k] = residual[k] * scale * weight[k]
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def rmsnorm_rows(x, weight, eps, out):
     """out (M, C) = rmsnorm(x (M, C)) * weight (C,), in place, rows split across threads as run.c
     parallelizes its loops. Each row's sum of squares runs in one fixed order whatever M is, so a row's
     result does not depend on the rest of the batch, bit for bit."""
-    M, C = x.shape
     e = np.float32(eps)
-    for m in prange(M):
-        scale = _inv_rms(x[m], e)
-        for k in range(C):
-            out[m, k] = x[m, k] * scale * weight[k]
+    if x.shape[0] == 1:                 # batch-1 decode: one row costs less than waking the threads
+        _rmsnorm_row(x[0], weight, e, out[0])
+        return
+    for m in prange(x.shape[0]):
+        _rmsnorm_row(x[m], weight, e, out[m])
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -168,14 +184,12 @@ def add_rmsnorm_rows(x, residual, weight, eps, out):
     """residual (M, C) += x (M, C) in place, then out (M, C) = rmsnorm(residual) * weight (C,). On a CPU
     the row is in L1 cache after the add, so the fusion here is one parallel loop instead of two; the
     sum of squares is rmsnorm_rows's own, so fused and unfused agree bit for bit."""
-    M, C = x.shape
     e = np.float32(eps)
-    for m in prange(M):
-        for k in range(C):
-            residual[m, k] += x[m, k]
-        scale = _inv_rms(residual[m], e)
-        for k in range(C):
-            out[m, k] = residual[m, k] * scale * weight[k]
+    if x.shape[0] == 1:                 # batch-1 decode: one row costs less than waking the threads
+        _add_rmsnorm_row(x[0], residual[0], weight, e, out[0])
+        return
+    for m in prange(x.shape[0]):
+        _add_rmsnorm_row(x[m], residual[m], weight, e, out[m])
 
 
 def rmsnorm_cpu(x, weight, eps: float = 1e-5):

@@ -93,15 +93,23 @@ def rope_rows(x, positions, cos, sin):
     """Rotate x (M, H, D) in place, row m at positions[m] (M,), from cos, sin (S, D/2): run.c's loop
     over the pairs of q and k. Every output is two products and a sum of its own pair: nothing depends
     on the other rows."""
-    M, H, D = x.shape
-    for m in prange(M):
-        p = positions[m]
-        for h in range(H):
-            for j in range(D // 2):
-                c, s = cos[p, j], sin[p, j]
-                x0, x1 = x[m, h, 2 * j], x[m, h, 2 * j + 1]
-                x[m, h, 2 * j] = x0 * c - x1 * s
-                x[m, h, 2 * j + 1] = x0 * s + x1 * c
+    if x.shape[0] == 1:                 # batch-1 decode: one row costs less than waking the threads
+        _rope_row(x[0], positions[0], cos, sin)
+        return
+    for m in prange(x.shape[0]):
+        _rope_row(x[m], positions[m], cos, sin)
+
+
+@njit(fastmath=True, cache=True)
+def _rope_row(x, p, cos, sin):
+    """x (H, D) in place at position p."""
+    H, D = x.shape
+    for h in range(H):
+        for j in range(D // 2):
+            c, s = cos[p, j], sin[p, j]
+            x0, x1 = x[h, 2 * j], x[h, 2 * j + 1]
+            x[h, 2 * j] = x0 * c - x1 * s
+            x[h, 2 * j + 1] = x0 * s + x1 * c
 
 
 def rope_cpu(x, positions, cos, sin):

@@ -93,15 +93,22 @@ def bytes_moved(rows: int, hidden: int, fused: bool) -> int:
 
 # ----------------------------------------------------------------------------- CPU twin
 
+@njit(fastmath=True, cache=True)
+def _swiglu_row(gate, up, out):
+    for f in range(gate.shape[0]):
+        g = gate[f]
+        out[f] = g / (np.float32(1.0) + np.exp(-g)) * up[f]
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def swiglu_rows(gate, up, out):
     """out (M, F) = silu(gate (M, F)) * up (M, F), in place (out may be gate), rows across threads.
     Elementwise: no element depends on any other, so nothing depends on the batch."""
-    M, F = gate.shape
-    for m in prange(M):
-        for f in range(F):
-            g = gate[m, f]
-            out[m, f] = g / (np.float32(1.0) + np.exp(-g)) * up[m, f]
+    if gate.shape[0] == 1:              # batch-1 decode: one row costs less than waking the threads
+        _swiglu_row(gate[0], up[0], out[0])
+        return
+    for m in prange(gate.shape[0]):
+        _swiglu_row(gate[m], up[m], out[m])
 
 
 def swiglu_cpu(gate, up):

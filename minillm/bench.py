@@ -39,6 +39,8 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
     run(min(8, steps))  # warm-up: compilation (numba), allocation, first-call costs
     tk = tokenizer or os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
     rates, rc = [], []
+    if backend == "numba":
+        net.compiled_seconds, net.compiled_calls = 0.0, 0           # count the timed runs only
     for _ in range(repeats):
         rates.append(run(steps))
         if runc:
@@ -52,7 +54,7 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
         res.update(runc=runc, runc_tok_s_median=statistics.median(rc), runc_tok_s_all=rc,
                    over_runc=res["tok_s_median"] / statistics.median(rc))
     if backend == "numba":
-        res["profile_us_per_token"] = numba_profile(net, 1e6 / res["tok_s_median"])
+        res["profile_us_per_token"] = numba_profile(net, 1e6 / statistics.mean(rates))
     return res
 
 
@@ -61,26 +63,16 @@ def numba_threads() -> int:
     return numba.get_num_threads()
 
 
-def numba_profile(net, us_per_token: float, positions: int = 128) -> dict:
-    """Where a batch-1 numba decode step's time goes, in microseconds per token: the compiled forward
-    (over `positions` steps at growing context), the same matmuls alone on the same weights (layers and
-    classifier), the rest of the forward (attention, norms, RoPE, SwiGLU, K/V writes), and the Python
-    loop around it (tensors, metadata, sampling): us_per_token - forward."""
+def numba_profile(net, us_per_token: float) -> dict:
+    """Where a batch-1 numba decode step's time went, in microseconds per token: inside the compiled
+    forward (as NumbaTransformer timed it during the runs just made), of which the matmuls (the same
+    kernels on the same weights, timed alone) and the rest (attention, norms, RoPE, SwiGLU, K/V writes);
+    and the Python decode loop around it (tensors, metadata, sampling), us_per_token - forward."""
     import time
     import numpy as np
     from .kernels.matmul import linear_cpu
-    from .numba_model import forward_rows
     w, cfg = net.w, net.config
-    kc = np.zeros((cfg.n_layers, 1, cfg.max_seq_len, cfg.n_kv_heads, cfg.head_dim), np.float32)  # (L, 1, S, Hkv, D)
-    vc = np.zeros_like(kc)
-    n = min(positions, cfg.max_seq_len)
-    call = lambda p: forward_rows(np.array([5]), np.array([p]), np.array([p]), np.zeros((1, 1), np.int64), np.array([0]),
-                                  **w, k_cache=kc, v_cache=vc, n_heads=cfg.n_heads, eps=cfg.norm_eps)
-    call(0)
-    t = time.perf_counter()
-    for p in range(n):
-        call(p)
-    forward = (time.perf_counter() - t) / n * 1e6
+    forward = net.compiled_seconds / max(1, net.compiled_calls) * 1e6
     x = np.full((1, cfg.dim), 0.1, np.float32)                       # (1, C)
     h = np.full((1, cfg.hidden_dim), 0.1, np.float32)                # (1, F)
     outs = {k: np.empty((1, w[k].shape[-2]), np.float32) for k in ("wqkv", "wo", "w13", "w2", "wcls")}
@@ -100,8 +92,9 @@ def numba_profile(net, us_per_token: float, positions: int = 128) -> dict:
         for _ in range(20):
             matmuls(layers)
         timed[name] = (time.perf_counter() - t) / 20 * 1e6
-    return {**timed, "attention, norms, RoPE, SwiGLU, K/V writes": forward - sum(timed.values()),
-            "Python loop, tensors, sampling": us_per_token - forward, "total": us_per_token}
+    return {"compiled forward": forward, **{f"  {k}": v for k, v in timed.items()},
+            "  attention, norms, RoPE, SwiGLU, K/V writes": forward - sum(timed.values()),
+            "Python decode loop, tensors, sampling": us_per_token - forward, "total": us_per_token}
 
 
 def runc_tok_s(runc: str, model: str, tokenizer: str, steps: int, prompt: str = "") -> float:

@@ -13,6 +13,8 @@ else shares its batch (tests/test_numba_backend.py shows it); the torch backend 
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 import torch.nn as nn
@@ -97,6 +99,7 @@ class NumbaTransformer(nn.Module):
             w2=stack(lambda b: b.feed_forward.w2.weight), rms_final=model.norm.weight.detach().numpy(),
             wcls=model.output.weight.detach().numpy(),
             cos=model.rope_cos.float().numpy(), sin=model.rope_sin.float().numpy())
+        self.compiled_seconds, self.compiled_calls = 0.0, 0     # time inside forward_rows (bench's profile)
 
     def forward(self, tokens, positions=None, kv=None, attn=None, last_index=None):
         """As Transformer.forward with a KV cache: tokens, positions (B, T) -> logits (B, 1, V) at
@@ -115,9 +118,12 @@ class NumbaTransformer(nn.Module):
         threads = torch.get_num_threads()
         torch.set_num_threads(1)   # torch's OpenMP threads would spin against numba's between our calls
         try:
-            logits = forward_rows(n(tokens), n(positions), n(attn.slot_mapping), tables, last, **self.w,
-                                  k_cache=kv.k.numpy(), v_cache=kv.v.numpy(), n_heads=self.config.n_heads,
-                                  eps=self.config.norm_eps)
+            args = (n(tokens), n(positions), n(attn.slot_mapping), tables, last)
+            t0 = time.perf_counter()
+            logits = forward_rows(*args, **self.w, k_cache=kv.k.numpy(), v_cache=kv.v.numpy(),
+                                  n_heads=self.config.n_heads, eps=self.config.norm_eps)
+            self.compiled_seconds += time.perf_counter() - t0
+            self.compiled_calls += 1
         finally:
             torch.set_num_threads(threads)
         return torch.from_numpy(logits)[:, None]                                 # (B, 1, V)
