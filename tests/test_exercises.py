@@ -67,6 +67,19 @@ def test_checkers_fail_on_wrong_answers():
     assert not CHECKERS["check_slot_mapping"](lambda table, pos, bs: [table[0] * bs + p for p in pos])
     assert not CHECKERS["check_top_p"](lambda probs, p: probs)
     assert not CHECKERS["check_rope"](lambda x, pos, theta: x)
+    assert not CHECKERS["check_global_reads"](lambda M, K, N, tile: (M * K * N, N * K * M))        # the naive kernel's
+    assert not CHECKERS["check_online_softmax_update"](                                         # no rescale of d
+        lambda m, d, x: (max(m, x), d + __import__("math").exp(x - max(m, x))))
+    import numpy as np
+    assert not CHECKERS["check_combine_splits"](lambda outs, lses: np.mean(outs, axis=0))       # ignores the lses
+
+    ns = {}   # a kernel as a notebook cell defines it: `cuda` is a global of the cell
+    exec("from numba import cuda\n"
+         "def no_bounds_guard(x, scale, weight, out):\n"
+         "    n, m = cuda.grid(2)\n"
+         "    out[m, n] = x[m, n] * scale[m] * weight[n]\n", ns)
+    result = CHECKERS["check_scale_rows_kernel"](ns["no_bounds_guard"])
+    assert not result and "a thread past the edge must do nothing" in result.message
 
 
 def test_student_edition_removes_solutions_and_outputs():
