@@ -122,7 +122,10 @@ def check_array(name: str, x, dtype, ndim: int, shape: tuple | None = None):
     and C-contiguous, or a ValueError that names the argument and what was expected."""
     if getattr(x, "dtype", None) is None or not hasattr(x, "shape"):
         raise ValueError(f"{name} must be an array (numpy, torch or CUDA device array), got {type(x).__name__}")
-    dt = np.dtype(str(x.dtype).replace("torch.", ""))
+    try:
+        dt = np.dtype(str(x.dtype).replace("torch.", ""))
+    except TypeError:                    # e.g. torch.bfloat16, which numpy has no name for
+        raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {x.dtype}") from None
     if dt != np.dtype(dtype):
         raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {dt.name}")
     if len(x.shape) != ndim:

@@ -191,6 +191,8 @@ def record_accesses(kernel, griddim, blockdim, *args) -> AccessLog:
     def shared_array(self, shape, dtype, alignment=None):
         # numba keys shared arrays by the caller's (file, line), so every thread of the block gets the
         # same one; wrapping its function would make *our* line the key, so we keep the key ourselves.
+        # One buffer per line serves every block: correct only because the simulator runs the blocks
+        # one after another (a block's threads are done with it before the next block starts).
         caller = sys._getframe(1)
         key = (caller.f_code.co_filename, caller.f_lineno)
         with made_lock:

@@ -220,10 +220,13 @@ def row_tiled_attention(q, k, v, rows: int):
 
 
 def attention_peak_bytes(T: int, H: int, D: int, method: str, block: int = BC, itemsize: int = 4) -> int:
-    """Bytes attention allocates beyond its inputs q, k, v: the output (T, H, D) plus the intermediates
-    of one tile of work at a time (as the CPU code runs). naive: all H (T, T) score matrices, O(T^2).
-    row_tiled: H score tiles of (block rows, T), O(T). flash: the running max and sum per query row
-    (FlashAttention keeps them for the backward pass) plus H (block, block) score tiles, O(T)."""
+    """Bytes attention must hold beyond its inputs q, k, v, by the algorithm (not by any one
+    implementation's temporaries): the output (T, H, D) plus the intermediates of one tile of work.
+    naive: all H (T, T) score matrices, O(T^2). row_tiled: H score tiles of (block rows, T), O(T).
+    flash: the running max and sum per query row (a GPU kernel keeps them; FlashAttention stores them
+    for the backward pass) plus H (block, block) score tiles, O(T). The CPU twin keeps its running
+    statistics in per-thread scratch, so what tracemalloc measures for it is about the output alone;
+    numpy implementations of naive and row_tiled allocate a few temporaries of the score's size on top."""
     out = T * H * D
     extra = {"naive": H * T * T, "row_tiled": H * min(block, T) * T, "flash": 2 * T * H + H * block * block}
     if method not in extra:

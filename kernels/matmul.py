@@ -77,7 +77,8 @@ def matmul_cuda(x, w):
     check_array("w", w, np.float32, 2, (None, x.shape[1]))
     M, N = x.shape[0], w.shape[0]
     y = empty_like(x, (M, N))
-    matmul_tiled[(blocks(N, TILE), blocks(M, TILE)), (TILE, TILE)](to_device(x), to_device(w), to_device(y))
+    if M and N:
+        matmul_tiled[(blocks(N, TILE), blocks(M, TILE)), (TILE, TILE)](to_device(x), to_device(w), to_device(y))
     return y
 
 
@@ -86,7 +87,8 @@ def gemv_cuda(w, x):
     check_array("w", w, np.float32, 2)
     check_array("x", x, np.float32, 1, (w.shape[1],))
     y = empty_like(x, (w.shape[0],))
-    gemv[w.shape[0], GEMV_THREADS](to_device(w), to_device(x), to_device(y))
+    if w.shape[0]:                       # a grid of zero blocks is an invalid launch on a GPU
+        gemv[w.shape[0], GEMV_THREADS](to_device(w), to_device(x), to_device(y))
     return y
 
 

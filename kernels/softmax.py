@@ -78,7 +78,7 @@ def online_softmax_kernel(x, out):
         if v > mx:
             d = d * math.exp(mx - v) + float32(1.0)      # rescale the old sum to the new max
             mx = v
-        else:
+        elif v > -math.inf:                              # a masked -inf adds 0 (exp(-inf - -inf) would be nan)
             d += math.exp(v - mx)
     ms[i], ds[i] = mx, d
     cuda.syncthreads()
@@ -135,7 +135,7 @@ def softmax_rows(x, out):
             out[m, k] = np.exp(x[m, k] - mx) / d
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, cache=True)   # no fastmath: it may assume no infinities, and masked rows hold -inf
 def online_softmax_rows(x, out):
     """out (M, N) = softmax of each row of x (M, N): one pass for the running (max, sum), then normalize.
     Element k goes to lane k % LANES, each lane a running (m, d) as a GPU thread keeps; the lanes merge
@@ -150,7 +150,7 @@ def online_softmax_rows(x, out):
             if v > ms[j]:
                 ds[j] = ds[j] * np.exp(ms[j] - v) + np.float32(1.0)   # rescale the old sum to the new max
                 ms[j] = v
-            else:
+            elif v > -np.inf:                                         # a masked -inf adds 0, not nan
                 ds[j] += np.exp(v - ms[j])
         mx = ms.max()
         d = np.float32(0.0)
@@ -182,8 +182,9 @@ def online_softmax_steps(x) -> list[tuple[int, float, float]]:
     in float64, for a notebook to show the rescaling step by step (Milakov & Gimelshein, Algorithm 3)."""
     steps, m, d = [], -math.inf, 0.0
     for i, v in enumerate(np.asarray(x, dtype=np.float64).ravel()):
-        m_new = max(m, float(v))
-        d = d * math.exp(m - m_new) + math.exp(float(v) - m_new)   # exp(-inf) = 0 on the first step
-        m = m_new
+        if v > -math.inf:                # a masked -inf changes nothing (and -inf - -inf would be nan)
+            m_new = max(m, float(v))
+            d = d * math.exp(m - m_new) + math.exp(float(v) - m_new)   # exp(-inf) = 0 on the first step
+            m = m_new
         steps.append((i, m, d))
     return steps

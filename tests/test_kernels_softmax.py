@@ -66,3 +66,17 @@ def test_wrappers_refuse_bad_arrays():
             twin(np.ones((2, 3)))
         with pytest.raises(ValueError, match="x must be C-contiguous"):
             twin(np.ones((3, 2), np.float32).T)
+
+
+@pytest.mark.parametrize("twin", TWINS, ids=["three_pass", "online"])
+def test_masked_minus_infinity_entries_get_zero_probability(twin):
+    """Masked logits are -inf; a lane that starts on -inf and later sees a real value must not turn nan."""
+    x = np.zeros((2, 37), np.float32)
+    x[0, 0], x[0, 8] = -np.inf, 5.0
+    x[1, ::3] = -np.inf                          # every lane meets -inf, some first
+    got = torch.from_numpy(twin(x))
+    assert_close(got, torch.from_numpy(x).softmax(-1), **TOL, name=twin.__name__)
+    assert float(got[0, 0]) == 0.0 and not bool(got.isnan().any())
+    steps = online_softmax_steps([-np.inf, -np.inf, 2.0, -np.inf, 1.0])
+    assert [(m, round(d, 6)) for _, m, d in steps][-1] == (2.0, round(1 + math.exp(-1.0), 6))
+    assert steps[1][1:] == (-math.inf, 0.0)

@@ -54,6 +54,9 @@ def test_a_sequences_logits_do_not_depend_on_its_batch_bit_for_bit(tiny):
     for others, shuffle in [([[1, 2]], 3), ([[1] + list(range(10, 40)), [1, 8, 8]], 7)]:
         batched = prefill(net, model.config, [a] + others, shuffle=shuffle)[0]
         assert torch.equal(alone, batched)
+    # one row (the kernels' batch-1 path, no parallel region) against the same row among others
+    one = prefill(net, model.config, [[1]])[0]
+    assert torch.equal(one, prefill(net, model.config, [[1], [7], [300]], shuffle=2)[0])
 
 
 def test_engine_on_numba_matches_torch_and_is_batch_independent(tiny):
@@ -82,6 +85,7 @@ def test_run_cli_with_numba_prints_what_runc_prints(data_dir, capfdbinary):
     assert rc == 0 and out == open(f"{data_dir}/golden_greedy.txt", "rb").read()
 
 
+@pytest.mark.skipif(__import__("minillm.kernels").kernels.gpu_available(), reason="this machine has a GPU")
 def test_cuda_backend_without_a_gpu_says_what_to_do(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match=r"backend='cuda' needs a CUDA GPU .* minillm.kernels.use_simulator\(\) first"):

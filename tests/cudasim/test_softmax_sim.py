@@ -45,3 +45,14 @@ def test_launchers_refuse_bad_arrays_before_launching(kernel):
         kernel(np.ones((3, 2), np.float32).T)
     with pytest.raises(ValueError, match="threads must be a power of two"):
         kernel(np.ones((2, 3), np.float32), threads=2048)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=["three_pass", "online"])
+def test_masked_minus_infinity_entries_get_zero_probability(kernel):
+    """A thread whose first element is -inf and that later sees a real value must not produce nan."""
+    x = np.zeros((2, 20), np.float32)
+    x[0, 0], x[0, 8] = -np.inf, 5.0
+    x[1, ::3] = -np.inf
+    got = torch.from_numpy(np.asarray(kernel(x, threads=4)))
+    assert not bool(got.isnan().any())
+    assert_close(got, torch.from_numpy(x).softmax(-1), **TOL, name=kernel.__name__)
