@@ -21,6 +21,7 @@ from .kv_cache import KVCache, SwapSpace
 from .model import Transformer
 from .model_runner import ModelRunner, backend_model
 from .outputs import CompletionOutput, RequestOutput
+from .quant import SCHEMES, quantize_model
 from .sampling import SamplingParams, sample_batch
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -33,11 +34,17 @@ DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not
 
 def _refuse_unbuilt(config: EngineConfig):
     """Options that name techniques later issues build: refuse them rather than silently ignore them."""
-    unbuilt = {"quantization": None, "kv_cache_dtype": "auto", "speculative": None}
+    unbuilt = {"kv_cache_dtype": "auto", "speculative": None}
     for name, default in unbuilt.items():
         if getattr(config, name) != default:
             raise ValueError(f"{name}={getattr(config, name)!r} is not available in this build yet "
                              f"(only {name}={default!r})")
+    if config.quantization not in (None,) + SCHEMES:
+        raise ValueError(f"quantization={config.quantization!r} is not available in this build yet "
+                         f"(built: {', '.join(SCHEMES)})")
+    if config.quantization and config.backend != "torch":
+        raise ValueError(f"quantization={config.quantization!r} runs on backend='torch' (its batch-1 GEMV is the "
+                         f"numba kernel); backend={config.backend!r} has no quantized weights yet")
 
 
 
@@ -45,6 +52,9 @@ class LLMEngine:
     def __init__(self, model: Transformer, tokenizer, config: EngineConfig, clock: Optional[Callable[[], float]] = None):
         config = config.with_model(model.config)
         _refuse_unbuilt(config)
+        self.quant_report = None
+        if config.quantization:            # a quantized copy: the caller's model is left as it was
+            model, self.quant_report = quantize_model(model, config.quantization, config.quant_config)
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.clock = clock or time.perf_counter
         mcfg, bs = model.config, config.block_size

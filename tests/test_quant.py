@@ -1,0 +1,100 @@
+"""Weight-only int8 / int4: quantizer error bounds, exact int4 packing, the drop-in linear (single-row
+GEMV path == batched torch path), the shipped model's logits under each scheme, and bad input."""
+import numpy as np
+import pytest
+import torch
+from close import assert_close
+
+from minillm import LLM, SamplingParams, load
+from minillm.kernels.quant_gemv import quantize_int4, quantize_int8
+from minillm.quant import Int4Linear, Int8Linear, quantize_model
+
+
+def test_quantizers_stay_within_half_a_step_per_element():
+    w = np.random.default_rng(0).standard_normal((48, 256)).astype(np.float32) * 0.05
+    q, s, err = quantize_int8(w)
+    deq = q.astype(np.float64) * s[:, None]
+    assert np.all(np.abs(deq - w) <= s[:, None] / 2 + 1e-9) and err == pytest.approx(np.abs(deq - w).max())
+    for g in (32, 64, 128):
+        packed, s4, err4 = quantize_int4(w, g)
+        lin = Int4Linear(torch.from_numpy(packed), torch.from_numpy(s4), g)
+        deq4 = lin.dequantize(torch.float64).numpy()
+        step = np.repeat(s4, g, axis=1)
+        assert np.all(np.abs(deq4 - w) <= step / 2 + 1e-9), f"group {g}"
+        assert err4 == pytest.approx(np.abs(deq4 - w).max())
+
+
+def test_int4_packing_round_trips_exactly():
+    """DESIGN.md's layout, byte by byte: even k in the low nibble, odd k in the high one, each stored q + 8."""
+    q = np.random.default_rng(1).integers(-8, 8, size=(5, 64))               # every nibble value, -8 included
+    u = (q + 8).astype(np.uint8)
+    packed = u[:, 0::2] | (u[:, 1::2] << 4)                                  # (5, 32) packed by hand
+    ones = torch.ones(5, 2)
+    back = Int4Linear(torch.from_numpy(packed), ones, 32).dequantize().numpy()
+    assert np.array_equal(back, q.astype(np.float32))
+    w = np.clip(q, -7, 7).astype(np.float32)
+    w[:, 0] = w[:, 32] = 7.0                                                 # absmax 7 per group: scale exactly 1
+    got, s, err = quantize_int4(w, 32)
+    uw = (w.astype(np.int64) + 8).astype(np.uint8)
+    assert np.all(s == 1.0) and err == 0.0 and np.array_equal(got, uw[:, 0::2] | (uw[:, 1::2] << 4))
+
+
+@pytest.mark.parametrize("make", [lambda l: Int8Linear.from_linear(l)[0], lambda l: Int4Linear.from_linear(l, 32)[0]],
+                         ids=["int8", "int4"])
+def test_one_row_gemv_path_equals_the_batched_torch_path(make):
+    lin = torch.nn.Linear(96, 40, bias=False)
+    q = make(lin)
+    x = torch.randn(3, 96)
+    batched = q(x)                                                            # dequantize + torch matmul
+    rows = torch.cat([q(x[i:i + 1]) for i in range(3)])                      # the numba GEMV, one row each
+    # float32, 96 products summed in another order: 1e-5 is ~100 ulps at these magnitudes
+    assert_close(rows, batched, atol=1e-5, rtol=1e-5, name="gemv vs dequantized matmul")
+    assert_close(batched, x @ q.dequantize().T, atol=1e-5, rtol=1e-5, name="against its own dequantized weight")
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load("shakespeare")
+
+
+def val_loss(model, tok):
+    """Mean cross-entropy over the packaged held-out slice, in 256-token windows (as the model card)."""
+    import os
+    from minillm.loader import MODELS_DIR
+    ids = torch.tensor(tok.encode(open(os.path.join(MODELS_DIR, "val_slice.txt")).read()))
+    n = (len(ids) - 1) // 256
+    x, y = ids[:n * 256].view(n, 256), ids[1:n * 256 + 1].view(n, 256)
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+
+
+# The issue's goals, on the shipped model: int8 (per channel) within 0.5% perplexity of float32, int4
+# (groups of 32) within 3%. Measured: int8 -0.01%, int4 g32 +1.72% (g64 +2.13%, g128 +2.21%).
+@pytest.mark.parametrize("scheme,cfg,max_dppl,min_shrink", [("int8", None, 0.005, 3.9), ("int4", {"group_size": 32}, 0.03, 6.0)])
+def test_quantized_shipped_model_perplexity(shipped, scheme, cfg, max_dppl, min_shrink):
+    model, tok = shipped
+    qmodel, report = quantize_model(model, scheme, cfg)
+    base, quant = val_loss(model, tok), val_loss(qmodel, tok)
+    dppl = np.exp(quant - base) - 1
+    assert dppl <= max_dppl, f"{scheme}: perplexity +{dppl:.2%}, goal <= {max_dppl:.1%}"
+    assert report["linear_bytes"] * min_shrink < report["linear_bytes_fp32"]
+    assert set(report["max_abs_error"]) >= {"layers.0.attention.wq", "output"}
+    assert next(model.parameters()).dtype == torch.float32 and isinstance(model.output, torch.nn.Linear)  # untouched
+
+
+def test_engine_serves_a_quantized_model(shipped):
+    model, tok = shipped
+    llm = LLM(model, tokenizer=tok, quantization="int4", quant_config={"group_size": 64})
+    out = llm.generate(["To be, or not to be", "ROMEO."], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert [len(o.token_ids) for o in out] == [8, 8] and llm.engine.quant_report["group_size"] == 64
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(quantization="int4", quant_config={"group_size": 48}), r"group_size must be one of \(32, 64, 128\), got 48"),
+    (dict(quantization="int4", quant_config={"groups": 32}), r"unknown quant_config keys \['groups'\]"),
+    (dict(quantization="int3"), r"EngineConfig.quantization='int3' is not one of"),
+    (dict(quantization="smoothquant"), r"quantization='smoothquant' is not available in this build yet"),
+    (dict(quantization="int8", backend="numba"), r"backend='numba' has no quantized weights yet")])
+def test_bad_quantization_options_name_the_value(kw, match):
+    with pytest.raises(ValueError, match=match):
+        LLM("random:tiny", **kw)
