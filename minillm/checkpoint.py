@@ -69,7 +69,11 @@ def read_header(path) -> ModelConfig:
 
 
 def load_bin(path) -> Transformer:
-    """Read a v0 .bin into a Transformer (float32). Truncated or padded files raise, naming both sizes."""
+    """Read a v0 .bin into a Transformer (float32), or a runq.c version-2 file (magic "ak42") into one
+    with Q8_0 linears (minillm.runq). Truncated or padded files raise, naming both sizes."""
+    from .runq import MAGIC, load_runq
+    if os.path.exists(path) and os.path.getsize(path) >= 8 and struct.unpack("<I", open(path, "rb").read(4))[0] == MAGIC:
+        return load_runq(path)
     cfg = read_header(path)
     size, want = os.path.getsize(path), expected_size(cfg)
     if size != want:
