@@ -44,15 +44,19 @@ def gather_kv(pool, block_tables, n_ctx: int):
     return blocks.flatten(1, 2)[:, :n_ctx]              # (B, n_ctx, Hkv, D)
 
 
-def paged_attention(q, k_pool, v_pool, attn: AttentionMetadata):
+def paged_attention(q, k_pool, v_pool, attn: AttentionMetadata, k_scale=None, v_scale=None):
     """softmax(q k^T / sqrt(D) + mask) v over each sequence's cached context.
-    q: (B, T, H, D); k_pool, v_pool: (num_blocks, block_size, Hkv, D) -> (B, T, H, D).
+    q: (B, T, H, D); k_pool, v_pool: (num_blocks, block_size, Hkv, D) -> (B, T, H, D); with an int8 cache,
+    k_scale, v_scale: (num_blocks, block_size, Hkv), and the gathered values are dequantized.
     The gathered context goes to torch's fused attention (scaled_dot_product_attention, GQA-aware) as
     strided views, with no copy beyond the gather itself; a plain matmul/softmax version of the same
     formula is the reference in tests/test_attention.py."""
     n_ctx = int(attn.context_lens.max())
     k = gather_kv(k_pool, attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
     v = gather_kv(v_pool, attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
+    if k_scale is not None:                                       # int8 cache: scale per (token, KV head)
+        k = k * gather_kv(k_scale[..., None], attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
+        v = v * gather_kv(v_scale[..., None], attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
     j = torch.arange(n_ctx, device=q.device)                      # (S,)
     allowed = (j[None, None, :] <= attn.positions[:, :, None]) & (j[None, None, :] < attn.context_lens[:, None, None])  # (B, T, S)
     y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),

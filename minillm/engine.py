@@ -34,7 +34,7 @@ DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not
 
 def _refuse_unbuilt(config: EngineConfig):
     """Options that name techniques later issues build: refuse them rather than silently ignore them."""
-    unbuilt = {"kv_cache_dtype": "auto", "speculative": None}
+    unbuilt = {"speculative": None}
     for name, default in unbuilt.items():
         if getattr(config, name) != default:
             raise ValueError(f"{name}={getattr(config, name)!r} is not available in this build yet "
@@ -42,6 +42,8 @@ def _refuse_unbuilt(config: EngineConfig):
     if config.quantization not in (None,) + SCHEMES:
         raise ValueError(f"quantization={config.quantization!r} is not available in this build yet "
                          f"(built: {', '.join(SCHEMES)})")
+    if config.kv_cache_dtype == "int8" and config.backend != "torch":
+        raise ValueError(f"kv_cache_dtype='int8' runs on backend='torch'; backend={config.backend!r} reads a float pool")
     if config.quantization and config.backend != "torch":
         raise ValueError(f"quantization={config.quantization!r} runs on backend='torch' (its batch-1 GEMV is the "
                          f"numba kernel); backend={config.backend!r} has no quantized weights yet")
@@ -59,7 +61,8 @@ class LLMEngine:
         self.clock = clock or time.perf_counter
         mcfg, bs = model.config, config.block_size
         dtype = next(model.parameters()).dtype
-        per_token = mcfg.kv_bytes_per_token(torch.finfo(dtype).bits // 8)
+        kv_dtype = torch.int8 if config.kv_cache_dtype == "int8" else dtype
+        per_token = KVCache.bytes_per_token(mcfg, kv_dtype)                # scales included for int8
         kv_bytes = config.kv_cache_bytes
         if kv_bytes is None:  # room for max_num_seqs full-length sequences, capped: preemption handles the rest
             kv_bytes = min(config.max_num_seqs * -(-config.max_model_len // bs) * bs * per_token, DEFAULT_KV_CAP)
@@ -69,7 +72,7 @@ class LLMEngine:
                              f"{config.max_model_len} needs {need:,} ({per_token:,} bytes per token): raise "
                              f"kv_cache_bytes or lower max_model_len")
         runner_model = backend_model(model, config.backend)            # the torch model, or its numba/cuda twin
-        self.kv = KVCache.from_bytes(mcfg, kv_bytes, bs, dtype, device=getattr(runner_model, "device", "cpu"))
+        self.kv = KVCache.from_bytes(mcfg, kv_bytes, bs, kv_dtype, device=getattr(runner_model, "device", "cpu"))
         swap_blocks = config.swap_bytes // (self.kv.nbytes // self.kv.num_blocks)
         if config.preemption_mode == "swap" and swap_blocks < 1:
             raise ValueError(f"preemption_mode='swap' needs swap_bytes for at least one block "

@@ -77,7 +77,8 @@ class Attention(nn.Module):
             y = causal_attention(q, k, v, self.dropout if self.training else 0.0)  # (B, T, H, D)
         else:
             kv.update(self.layer_id, attn.slot_mapping, k, v)
-            y = paged_attention(q, kv.k[self.layer_id], kv.v[self.layer_id], attn)  # (B, T, H, D)
+            k_pool, v_pool, k_scale, v_scale = kv.layer(self.layer_id)
+            y = paged_attention(q, k_pool, v_pool, attn, k_scale, v_scale)  # (B, T, H, D)
         return self.wo(y.reshape(B, T, self.n_heads * self.head_dim))  # (B, T, C)
 
 
