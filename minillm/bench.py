@@ -1,4 +1,4 @@
-"""`python -m minillm bench decode | batched | serve`: batch-1 decode speed; batched decode beside llama2.c's
+"""`python -m minillm bench decode | batched | serve | quant`: batch-1 decode speed; batched decode beside llama2.c's
 run.c and against torch's own matmul FLOP/s; a serving workload under several settings. Warm-up excluded,
 medians of several runs, every ratio measured side by side in one run."""
 from __future__ import annotations
@@ -222,6 +222,15 @@ def main(argv: list[str]) -> int:
     b.add_argument("--runc", default=None, help="a run.c binary you built (e.g. llama2.c's `make runomp`)")
     b.add_argument("--quick", action="store_true", help="batch 4, 16 steps, 1 repeat: a smoke test")
     b.add_argument("--json", default=None)
+    qb = sub.add_parser("quant", help="every quantization scheme: perplexity, bytes, batch-1 and batched decode")
+    qb.add_argument("--model", default="shakespeare", help="e.g. shakespeare, or random:stories110M (weights >> L3)")
+    qb.add_argument("--tokenizer", default=None)
+    qb.add_argument("--steps", type=int, default=64)
+    qb.add_argument("--batch", type=int, default=32)
+    qb.add_argument("--repeats", type=int, default=3)
+    qb.add_argument("--windows", type=int, default=25, help="held-out windows of 256 tokens for perplexity")
+    qb.add_argument("--quick", action="store_true", help="4 windows, 8 steps, batch 4, 1 repeat: a smoke test")
+    qb.add_argument("--json", default=None)
     d = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
     d.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
     d.add_argument("--tokenizer", default=None)
@@ -247,6 +256,15 @@ def main(argv: list[str]) -> int:
             print(f"{label:<32}" + "".join(f"{r[c]:>16.4g}" for c in cols))
         for k, v in res["ratios"].items():
             print(f"{k}: {v:.1%}" if "waste" in k else f"{k}: {v:.2f}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=2)
+        return 0
+    if a.what == "quant":
+        from .bench_quant import bench_quant, print_table
+        steps, batch, repeats, windows = (8, 4, 1, 4) if a.quick else (a.steps, a.batch, a.repeats, a.windows)
+        res = bench_quant(a.model, a.tokenizer, steps, batch, repeats, windows)
+        print_table(res)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=2)

@@ -87,6 +87,17 @@ def test_bench_serve_quick_json(tmp_path):
     assert all(v > 0 for v in res["ratios"].values())
 
 
+def test_bench_quant_quick_json(tmp_path):
+    out = tmp_path / "q.json"
+    assert main(["bench", "quant", "--quick", "--json", str(out)]) == 0
+    runs = json.load(open(out))["runs"]
+    assert set(runs) == {"fp32", "int8", "int4 g32", "int4 g128", "q8_0", "fp32, KV int8"}
+    assert runs["fp32"]["delta_ppl"] == 0 and runs["fp32"]["decode_speedup"] == 1
+    assert runs["int8"]["weight_ratio"] < 0.5 and runs["int4 g32"]["weight_ratio"] < runs["int8"]["weight_ratio"]
+    assert runs["fp32, KV int8"]["kv_ratio"] < 0.3 and all(r["decode_tok_s"] > 0 for r in runs.values())
+    assert abs(runs["int8"]["delta_ppl"]) < 0.005 and abs(runs["int4 g32"]["delta_ppl"]) < 0.05
+
+
 def test_bench_batched_quick_with_a_stand_in_runc(tmp_path):
     fake = tmp_path / "runc"        # stands in for a run.c binary: only its "achieved tok/s" line is read
     fake.write_text('#!/bin/sh\necho "achieved tok/s: 50.0" >&2\n')
