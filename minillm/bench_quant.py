@@ -16,14 +16,18 @@ import torch
 from .attention import AttentionMetadata
 from .kv_cache import KVCache
 from .loader import MODELS_DIR, load
-from .quant import quantize_model
+from .quant import quantize_model, with_outlier_channels
 from .runc import decode_loop
 from .sampling import RunCSampler, SamplingParams
 
 # (label, quantization, quant_config, kv_cache_dtype)
 SCHEMES = [("fp32", None, None, "auto"), ("int8", "int8", None, "auto"), ("int4 g32", "int4", {"group_size": 32}, "auto"),
            ("int4 g128", "int4", {"group_size": 128}, "auto"), ("q8_0", "q8_0", None, "auto"),
-           ("fp32, KV int8", None, None, "int8")]
+           ("w8a8", "w8a8", None, "auto"), ("smoothquant", "smoothquant", {"alpha": 0.5}, "auto"),
+           ("fp32, KV int8", None, None, "int8"),
+           # the same function with outlier activation channels (quant.with_outlier_channels): the SmoothQuant case
+           ("w8a8, outliers", "w8a8", None, "auto", "outliers"),
+           ("smoothquant, outliers", "smoothquant", {"alpha": 0.5}, "auto", "outliers")]
 
 
 def held_out_windows(tok, T: int = 256, max_windows: int = 25):
@@ -60,8 +64,10 @@ def bench_quant(model: str = "shakespeare", tokenizer=None, steps: int = 64, bat
     x, y = held_out_windows(tok, max_windows=windows)
     greedy = RunCSampler(0.0, 0.9, 1)
     rows = {}
-    for label, q, qcfg, kv_dtype in schemes or SCHEMES:
-        m = quantize_model(net, q, qcfg)[0] if q else net
+    twin = with_outlier_channels(net)
+    for label, q, qcfg, kv_dtype, *variant in schemes or SCHEMES:
+        src = twin if variant else net
+        m = quantize_model(src, q, qcfg, tok)[0] if q else src
         kvd = torch.int8 if kv_dtype == "int8" else torch.float32
         run = lambda n: decode_loop(m, tok, greedy, "", n, write=None, stop_at_bos=False)[1]
         run(4)
@@ -69,7 +75,7 @@ def bench_quant(model: str = "shakespeare", tokenizer=None, steps: int = 64, bat
         rates = []
         for _ in range(repeats + 1):                                                    # the first warms up
             from .llm import LLM
-            llm = LLM(net, tokenizer=tok, quantization=q, quant_config=qcfg, kv_cache_dtype=kv_dtype,
+            llm = LLM(src, tokenizer=tok, quantization=q, quant_config=qcfg, kv_cache_dtype=kv_dtype,
                       max_num_seqs=batch, max_model_len=steps + 1)
             llm.generate([[1]] * batch, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
             dec = [s for s in llm.engine.trace.steps if s.kind == "decode"]
@@ -91,6 +97,6 @@ def print_table(res: dict):
     cols = [("perplexity", "{:>11.3f}"), ("delta_ppl", "{:>+10.2%}"), ("weight_ratio", "{:>8.3f}"), ("kv_ratio", "{:>6.3f}"),
             ("decode_tok_s", "{:>9.1f}"), ("decode_speedup", "{:>7.2f}x"), ("batched_tok_s", "{:>9.0f}"), ("batched_speedup", "{:>7.2f}x")]
     print(f"{res['model']}: {res['windows']} held-out windows of 256; decode {res['steps']} steps; batched {res['batch']} sequences")
-    print(f"{'scheme':<16}{'ppl':>11}{'d ppl':>10}{'weights':>8}{'KV':>6}{'tok/s':>9}{'x fp32':>8}{'batched':>9}{'x fp32':>8}")
+    print(f"{'scheme':<24}{'ppl':>11}{'d ppl':>10}{'weights':>8}{'KV':>6}{'tok/s':>9}{'x fp32':>8}{'batched':>9}{'x fp32':>8}")
     for label, r in res["runs"].items():
-        print(f"{label:<16}" + "".join(fmt.format(r[c]) for c, fmt in cols))
+        print(f"{label:<24}" + "".join(fmt.format(r[c]) for c, fmt in cols))

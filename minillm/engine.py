@@ -56,7 +56,7 @@ class LLMEngine:
         _refuse_unbuilt(config)
         self.quant_report = None
         if config.quantization:            # a quantized copy: the caller's model is left as it was
-            model, self.quant_report = quantize_model(model, config.quantization, config.quant_config)
+            model, self.quant_report = quantize_model(model, config.quantization, config.quant_config, tokenizer)
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.clock = clock or time.perf_counter
         mcfg, bs = model.config, config.block_size

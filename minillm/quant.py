@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .kernels.quant_gemv import int4_gemv_rows, int8_gemv_rows, quantize_int4, quantize_int8
 
-SCHEMES = ("int8", "int4", "q8_0")  # built so far; EngineConfig lists the others the issue names
+SCHEMES = ("int8", "int4", "q8_0", "w8a8", "smoothquant")  # built so far; EngineConfig lists the rest
 INT4_GROUPS = (32, 64, 128)
 
 
@@ -135,11 +135,96 @@ class Q80Linear(nn.Module):
         return val.view(*x.shape[:-1], N).to(x.dtype)
 
 
+# ----------------------------------------------------------------------------- W8A8 and SmoothQuant
+
+class W8A8Linear(nn.Module):
+    """Weights int8 per output channel and activations int8 per token (dynamic absmax), multiplied as
+    integers: y = (x_q @ w_q^T) * x_scale * w_scale. With `smooth` (K,), x is divided by it first and
+    the weight was multiplied by it before quantization (SmoothQuant, Xiao et al. 2023): the product is
+    unchanged in exact arithmetic, but the activation outliers move into the weights, which quantize
+    per output channel and so absorb them."""
+
+    def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, smooth: torch.Tensor | None = None):
+        super().__init__()
+        self.register_buffer("w_q", w_q)            # (N, K) int8
+        self.register_buffer("w_scale", w_scale)    # (N,) float32
+        self.register_buffer("smooth", smooth)      # (K,) float32 or None
+        self.in_features, self.out_features = w_q.shape[1], w_q.shape[0]
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, smooth: torch.Tensor | None = None):
+        w = linear.weight.detach().float()
+        if smooth is not None:
+            w = w * smooth[None, :]                                                 # W' = W diag(s)
+        q, sc, err = quantize_int8(w.numpy())
+        return cls(torch.from_numpy(q), torch.from_numpy(sc), smooth), err
+
+    def forward(self, x):                                                           # (..., K) -> (..., N)
+        x2 = x.reshape(-1, self.in_features).float()                                # (M, K)
+        if self.smooth is not None:
+            x2 = x2 / self.smooth                                                   # X' = X diag(s)^-1
+        xs = (x2.abs().amax(-1, keepdim=True) / 127.0).clamp_min(1e-30)             # (M, 1) per token
+        xq = torch.round(x2 / xs)                                                   # (M, K) in [-127, 127]
+        acc = xq.double() @ self.w_q.double().T                                     # exact integer sums
+        y = acc.float() * xs * self.w_scale                                         # (M, N)
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def activation_absmax(model: nn.Module, calibration: torch.Tensor) -> dict:
+    """Per input channel max |x| seen by every nn.Linear while the float model reads `calibration`
+    (B, T) token ids: SmoothQuant's and AWQ's statistics."""
+    stats, hooks = {}, []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear):
+            def hook(m, inputs, out, name=name):
+                a = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0)   # (K,)
+                stats[name] = torch.maximum(stats[name], a) if name in stats else a
+            hooks.append(mod.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(calibration)
+    finally:
+        for h in hooks:
+            h.remove()
+    return stats
+
+
+def calibration_ids(tokenizer, tokens: int = 2048, T: int = 256) -> torch.Tensor:
+    """Calibration text: the packaged Hamlet excerpt (training data, never the held-out plays) -> (B, T)."""
+    from .loader import SAMPLE_TEXT
+    ids = tokenizer.encode(open(SAMPLE_TEXT, encoding="utf-8").read())[:tokens]
+    n = len(ids) // T
+    return torch.tensor(ids[:n * T]).view(n, T)
+
+
+def smoothing_factors(act_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) (Xiao et al. 2023, eq. 4), per input channel j."""
+    w_max = weight.detach().abs().amax(0).clamp_min(1e-5)                           # (K,)
+    return (act_max.clamp_min(1e-5).pow(alpha) / w_max.pow(1 - alpha)).clamp_min(1e-5)
+
+
+def with_outlier_channels(model: nn.Module, channels=(3, 77, 150), factor: float = 60.0) -> nn.Module:
+    """A copy computing the same function, with LLM-style activation outliers: in every layer the RMSNorm
+    weights of `channels` are multiplied by `factor` and the matching input columns of the linears that
+    read them (q, k, v, w1, w3) divided by it. Large models grow such channels by themselves (Dettmers et
+    al. 2022, LLM.int8()); a 7M-parameter model does not, so this makes the case SmoothQuant is for."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in model.layers:
+            for j in channels:
+                layer.attention_norm.weight[j] *= factor
+                layer.ffn_norm.weight[j] *= factor
+                for lin in (layer.attention.wq, layer.attention.wk, layer.attention.wv,
+                            layer.feed_forward.w1, layer.feed_forward.w3):
+                    lin.weight[:, j] /= factor
+    return model
+
+
 def _one_row(x) -> bool:
     return x.numel() == x.shape[-1] and x.dtype == torch.float32 and x.device.type == "cpu" and not x.requires_grad
 
 
-def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = None):
+def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = None, tokenizer=None):
     """A copy of `model` with every nn.Linear (attention, MLP, classifier) replaced by its quantized
     twin; the token embedding stays float (a lookup reads one row). -> (model, report) where report
     maps each replaced module's name to its max abs weight error, plus the weight bytes before/after."""
@@ -147,8 +232,16 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
         raise ValueError(f"quantization={scheme!r} is not available in this build; built: {', '.join(SCHEMES)}")
     cfg = dict(quant_config or {})
     group = cfg.pop("group_size", 32)
+    alpha = float(cfg.pop("alpha", 0.5))
     if cfg:
-        raise ValueError(f"unknown quant_config keys {sorted(cfg)}; known: group_size")
+        raise ValueError(f"unknown quant_config keys {sorted(cfg)}; known: group_size (int4), alpha (smoothquant)")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"smoothquant alpha must be in [0, 1], got {alpha}")
+    act = None
+    if scheme == "smoothquant":
+        if tokenizer is None:
+            raise ValueError("smoothquant calibrates on text: pass the tokenizer")
+        act = activation_absmax(model, calibration_ids(tokenizer))
     if scheme == "int4" and group not in INT4_GROUPS:
         raise ValueError(f"int4 group_size must be one of {INT4_GROUPS}, got {group}")
     if scheme == "q8_0":      # runq.c's rule; the embedding is stored quantized too, so it is used dequantized
@@ -164,8 +257,15 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
             full = f"{name}.{child_name}" if name else child_name
             if scheme in ("int4", "q8_0") and child.in_features % group:
                 raise ValueError(f"{full}: in_features={child.in_features} is not divisible by group_size={group}")
-            q, err = (Int8Linear.from_linear(child) if scheme == "int8" else Int4Linear.from_linear(child, group)
-                      if scheme == "int4" else Q80Linear.from_linear(child, group))
+            if scheme == "int8":
+                q, err = Int8Linear.from_linear(child)
+            elif scheme == "int4":
+                q, err = Int4Linear.from_linear(child, group)
+            elif scheme == "q8_0":
+                q, err = Q80Linear.from_linear(child, group)
+            else:                                  # w8a8, smoothquant
+                smooth = smoothing_factors(act[full], child.weight, alpha) if act is not None else None
+                q, err = W8A8Linear.from_linear(child, smooth)
             setattr(module, child_name, q)
             errors[full] = err
             before += child.weight.numel() * 4
@@ -175,5 +275,6 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
         q, sc, errors["tok_embeddings"] = q80_quantize(emb.detach(), group)
         with torch.no_grad():
             emb.copy_(q.float() * sc.repeat_interleave(group, dim=1))               # (V, C) as runq.c dequantizes it
-    return model, {"scheme": scheme, "group_size": None if scheme == "int8" else group, "max_abs_error": errors,
+    return model, {"scheme": scheme, "group_size": group if scheme in ("int4", "q8_0") else None,
+                   "alpha": alpha if scheme == "smoothquant" else None, "max_abs_error": errors,
                    "linear_bytes_fp32": before, "linear_bytes": after}
