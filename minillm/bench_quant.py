@@ -22,7 +22,8 @@ from .sampling import RunCSampler, SamplingParams
 
 # (label, quantization, quant_config, kv_cache_dtype)
 SCHEMES = [("fp32", None, None, "auto"), ("int8", "int8", None, "auto"), ("int4 g32", "int4", {"group_size": 32}, "auto"),
-           ("int4 g128", "int4", {"group_size": 128}, "auto"), ("q8_0", "q8_0", None, "auto"),
+           ("int4 g128", "int4", {"group_size": 128}, "auto"), ("awq g32", "awq", {"group_size": 32}, "auto"),
+           ("awq g128", "awq", {"group_size": 128}, "auto"), ("q8_0", "q8_0", None, "auto"),
            ("w8a8", "w8a8", None, "auto"), ("smoothquant", "smoothquant", {"alpha": 0.5}, "auto"),
            ("fp32, KV int8", None, None, "int8"),
            # the same function with outlier activation channels (quant.with_outlier_channels): the SmoothQuant case
@@ -75,7 +76,7 @@ def bench_quant(model: str = "shakespeare", tokenizer=None, steps: int = 64, bat
         rates = []
         for _ in range(repeats + 1):                                                    # the first warms up
             from .llm import LLM
-            llm = LLM(src, tokenizer=tok, quantization=q, quant_config=qcfg, kv_cache_dtype=kv_dtype,
+            llm = LLM(m, tokenizer=tok, kv_cache_dtype=kv_dtype,                         # m: already quantized
                       max_num_seqs=batch, max_model_len=steps + 1)
             llm.generate([[1]] * batch, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
             dec = [s for s in llm.engine.trace.steps if s.kind == "decode"]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .kernels.quant_gemv import int4_gemv_rows, int8_gemv_rows, quantize_int4, quantize_int8
 
-SCHEMES = ("int8", "int4", "q8_0", "w8a8", "smoothquant")  # built so far; EngineConfig lists the rest
+SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
 INT4_GROUPS = (32, 64, 128)
 
 
@@ -65,6 +65,11 @@ class Int4Linear(nn.Module):
         return cls(torch.from_numpy(packed), torch.from_numpy(s), group), err
 
     def dequantize(self, dtype=torch.float32):
+        """The weight this module multiplies by, (N, K)."""
+        return self.unpacked(dtype)
+
+    def unpacked(self, dtype=torch.float32):
+        """The stored int4 values times their group scales, (N, K)."""
         lo = (self.w_packed & 15).to(torch.int16) - 8                               # (N, K/2) even k
         hi = (self.w_packed >> 4).to(torch.int16) - 8                               # (N, K/2) odd k
         q = torch.stack((lo, hi), dim=-1).flatten(1)                                # (N, K)
@@ -76,7 +81,7 @@ class Int4Linear(nn.Module):
             int4_gemv_rows(x.detach().reshape(1, -1).contiguous().numpy(), self.w_packed.numpy(),
                            self.scales.numpy(), self.group, y)
             return torch.from_numpy(y).view(*x.shape[:-1], self.out_features)
-        return F.linear(x, self.dequantize(x.dtype))
+        return F.linear(x, self.unpacked(x.dtype))
 
 
 # ----------------------------------------------------------------------------- Q8_0, as llama2.c's runq.c
@@ -170,15 +175,15 @@ class W8A8Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-def activation_absmax(model: nn.Module, calibration: torch.Tensor) -> dict:
-    """Per input channel max |x| seen by every nn.Linear while the float model reads `calibration`
-    (B, T) token ids: SmoothQuant's and AWQ's statistics."""
-    stats, hooks = {}, []
+def linear_inputs(model: nn.Module, calibration: torch.Tensor, rows: int = 512) -> dict:
+    """What every nn.Linear reads while the float model runs on `calibration` (B, T) token ids:
+    {name: (rows, K) a sample of its input rows}, the statistics SmoothQuant and AWQ calibrate on."""
+    seen, hooks = {}, []
+    pick = torch.randperm(calibration.numel(), generator=torch.Generator().manual_seed(0))[:rows]
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Linear):
             def hook(m, inputs, out, name=name):
-                a = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0)   # (K,)
-                stats[name] = torch.maximum(stats[name], a) if name in stats else a
+                seen[name] = inputs[0].detach().reshape(-1, inputs[0].shape[-1])[pick].float()  # (rows, K)
             hooks.append(mod.register_forward_hook(hook))
     try:
         with torch.no_grad():
@@ -186,7 +191,47 @@ def activation_absmax(model: nn.Module, calibration: torch.Tensor) -> dict:
     finally:
         for h in hooks:
             h.remove()
-    return stats
+    return seen
+
+
+def activation_absmax(model: nn.Module, calibration: torch.Tensor) -> dict:
+    """Per input channel max |x| seen by every nn.Linear on the calibration tokens: SmoothQuant's statistic."""
+    return {k: x.abs().amax(0) for k, x in linear_inputs(model, calibration, calibration.numel()).items()}
+
+
+def awq_scales(weight: torch.Tensor, x: torch.Tensor, group: int, grid: int = 20) -> tuple:
+    """AWQ (Lin et al. 2024): channels that see large activations matter most, so scale them up before
+    quantizing (W diag(s)) and divide the input by s. s = mean|x_j|^a, with a searched on a grid to
+    minimise the layer's output error on calibration rows x (R, K). -> (s (K,), best a, its error)."""
+    w = weight.detach().float()                                                     # (N, K)
+    ref = x @ w.T                                                                   # (R, N)
+    act = x.abs().mean(0).clamp_min(1e-6)                                           # (K,)
+    best = (float("inf"), None, None)
+    for i in range(grid + 1):
+        a = i / grid
+        s = act.pow(a)
+        s = s / (s.max() * s.min()).sqrt()                                          # centred around 1
+        packed, sc, _ = quantize_int4((w * s).numpy(), group)
+        wq = Int4Linear(torch.from_numpy(packed), torch.from_numpy(sc), group).unpacked() / s     # (N, K)
+        err = ((x @ wq.T - ref) ** 2).mean().item()
+        if err < best[0]:
+            best = (err, s, a)
+    return best[1], best[2], best[0]
+
+
+class AWQLinear(Int4Linear):
+    """int4 group-wise weights of W diag(s); the input is divided by s first (AWQ folds 1/s into the
+    previous op; here it is one elementwise division, kept visible)."""
+
+    def __init__(self, w_packed, scales, group: int, smooth: torch.Tensor):
+        super().__init__(w_packed, scales, group)
+        self.register_buffer("smooth", smooth)      # (K,) float32
+
+    def dequantize(self, dtype=torch.float32):
+        return self.unpacked(dtype) / self.smooth.to(dtype)                         # the effective W (N, K)
+
+    def forward(self, x):
+        return super().forward(x / self.smooth)
 
 
 def calibration_ids(tokenizer, tokens: int = 2048, T: int = 256) -> torch.Tensor:
@@ -237,11 +282,16 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
         raise ValueError(f"unknown quant_config keys {sorted(cfg)}; known: group_size (int4), alpha (smoothquant)")
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"smoothquant alpha must be in [0, 1], got {alpha}")
-    act = None
-    if scheme == "smoothquant":
+    act = inputs = None
+    if scheme in ("smoothquant", "awq"):
         if tokenizer is None:
-            raise ValueError("smoothquant calibrates on text: pass the tokenizer")
-        act = activation_absmax(model, calibration_ids(tokenizer))
+            raise ValueError(f"{scheme} calibrates on text: pass the tokenizer")
+        if scheme == "smoothquant":
+            act = activation_absmax(model, calibration_ids(tokenizer))
+        else:
+            inputs = linear_inputs(model, calibration_ids(tokenizer), rows=2048)
+    if scheme == "awq" and group not in INT4_GROUPS:
+        raise ValueError(f"awq (int4) group_size must be one of {INT4_GROUPS}, got {group}")
     if scheme == "int4" and group not in INT4_GROUPS:
         raise ValueError(f"int4 group_size must be one of {INT4_GROUPS}, got {group}")
     if scheme == "q8_0":      # runq.c's rule; the embedding is stored quantized too, so it is used dequantized
@@ -255,7 +305,7 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
             if not isinstance(child, nn.Linear):
                 continue
             full = f"{name}.{child_name}" if name else child_name
-            if scheme in ("int4", "q8_0") and child.in_features % group:
+            if scheme in ("int4", "q8_0", "awq") and child.in_features % group:
                 raise ValueError(f"{full}: in_features={child.in_features} is not divisible by group_size={group}")
             if scheme == "int8":
                 q, err = Int8Linear.from_linear(child)
@@ -263,6 +313,10 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
                 q, err = Int4Linear.from_linear(child, group)
             elif scheme == "q8_0":
                 q, err = Q80Linear.from_linear(child, group)
+            elif scheme == "awq":
+                smooth, a, _ = awq_scales(child.weight, inputs[full], group)
+                packed, sc, err = quantize_int4((child.weight.detach().float() * smooth).numpy(), group)
+                q = AWQLinear(torch.from_numpy(packed), torch.from_numpy(sc), group, smooth)
             else:                                  # w8a8, smoothquant
                 smooth = smoothing_factors(act[full], child.weight, alpha) if act is not None else None
                 q, err = W8A8Linear.from_linear(child, smooth)
@@ -275,6 +329,6 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
         q, sc, errors["tok_embeddings"] = q80_quantize(emb.detach(), group)
         with torch.no_grad():
             emb.copy_(q.float() * sc.repeat_interleave(group, dim=1))               # (V, C) as runq.c dequantizes it
-    return model, {"scheme": scheme, "group_size": group if scheme in ("int4", "q8_0") else None,
+    return model, {"scheme": scheme, "group_size": group if scheme in ("int4", "q8_0", "awq") else None,
                    "alpha": alpha if scheme == "smoothquant" else None, "max_abs_error": errors,
                    "linear_bytes_fp32": before, "linear_bytes": after}

@@ -91,7 +91,7 @@ def test_bench_quant_quick_json(tmp_path):
     out = tmp_path / "q.json"
     assert main(["bench", "quant", "--quick", "--json", str(out)]) == 0
     runs = json.load(open(out))["runs"]
-    assert set(runs) == {"fp32", "int8", "int4 g32", "int4 g128", "q8_0", "w8a8", "smoothquant", "fp32, KV int8",
+    assert set(runs) == {"fp32", "int8", "int4 g32", "int4 g128", "awq g32", "awq g128", "q8_0", "w8a8", "smoothquant", "fp32, KV int8",
                          "w8a8, outliers", "smoothquant, outliers"}
     assert runs["fp32"]["delta_ppl"] == 0 and runs["fp32"]["decode_speedup"] == 1
     assert runs["int8"]["weight_ratio"] < 0.5 and runs["int4 g32"]["weight_ratio"] < runs["int8"]["weight_ratio"]
