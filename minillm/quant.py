@@ -296,8 +296,9 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
         raise ValueError(f"int4 group_size must be one of {INT4_GROUPS}, got {group}")
     if scheme == "q8_0":      # runq.c's rule; the embedding is stored quantized too, so it is used dequantized
         group = q80_group_size(model.config.dim)
-    if next(model.parameters()).dtype != torch.float32:
-        raise ValueError("quantize a float32 model (dtype='float32')")
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        raise ValueError(f"quantization={scheme!r} quantizes float32 weights; this model is {dtype} (use dtype='float32')")
     model = copy.deepcopy(model)
     errors, before, after = {}, 0, 0
     for name, module in list(model.named_modules()):

@@ -211,7 +211,7 @@ def test_unknown_option_and_bad_engine_values(tiny):
 
 
 # ---------------------------------------------------------------- found in review
-@pytest.mark.parametrize("opt", [dict(quantization="awq"), dict(speculative={"method": "ngram"})])
+@pytest.mark.parametrize("opt", [dict(speculative={"method": "ngram"})])
 def test_options_not_built_yet_are_refused_not_ignored(tiny, opt):
     with pytest.raises(ValueError, match=f"{next(iter(opt))}=.* is not available in this build yet"):
         make(tiny, **opt)

@@ -149,3 +149,8 @@ def test_awq_never_loses_to_plain_int4_on_its_own_calibration_objective():
     rows = torch.cat([awq(x[i:i + 1]) for i in range(4)])
     assert_close(rows, awq(x[:4]), atol=1e-4, rtol=1e-4, name="awq one-row vs batched")
     assert_close(awq(x[:4]), x[:4] @ awq.dequantize().T, atol=1e-4, rtol=1e-4, name="awq vs its weight")
+
+
+def test_quantizing_a_non_float32_model_names_the_dtype():
+    with pytest.raises(ValueError, match=r"quantization='int8' quantizes float32 weights; this model is torch.float64"):
+        LLM("random:tiny", quantization="int8", dtype="float64")
