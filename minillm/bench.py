@@ -8,7 +8,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 
 import numpy as np
 import torch

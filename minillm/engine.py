@@ -24,7 +24,7 @@ from .outputs import CompletionOutput, RequestOutput
 from .quant import SCHEMES, quantize_model
 from .sampling import SamplingParams, sample_batch
 from .scheduler import Scheduler
-from .sequence import Sequence, Status
+from .sequence import Sequence
 from .tokenizer import BOS, EOS, Tokenizer
 from .trace import BlockSnapshot, StepRecord, Trace
 

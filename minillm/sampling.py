@@ -7,7 +7,7 @@ temperature == 0 is greedy (argmax, first index on ties, like run.c's sample_arg
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np

