@@ -74,7 +74,7 @@ def test_checkers_fail_on_wrong_answers():
     assert not CHECKERS["check_combine_splits"](lambda outs, lses: np.mean(outs, axis=0))       # ignores the lses
     assert not CHECKERS["check_smooth_factor"](lambda a, w, alpha: a ** alpha / w ** alpha)     # exponent of w wrong
     assert not CHECKERS["check_quantize_int8_row"](                                              # scale by 255, not 127
-        lambda w: (np.round(w / (np.abs(w).max() / 255)).astype(np.int8), np.abs(w).max() / 255))
+        lambda w: (torch.round(w / (w.abs().max() / 255)).to(torch.int8), float(w.abs().max() / 255)))
 
     ns = {}   # a kernel as a notebook cell defines it: `cuda` is a global of the cell
     exec("from numba import cuda\n"
