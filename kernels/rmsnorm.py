@@ -92,11 +92,18 @@ def add_kernel(x, residual):
         residual[j // C, j % C] += x[j // C, j % C]
 
 
-def rmsnorm_cuda(x, weight, eps: float = 1e-5, threads: int = THREADS):
-    """rmsnorm of each row of x (M, C) -> (M, C) float32 on the GPU (or the simulator)."""
+def _check(x, weight, threads: int, residual=None):
+    """Every launcher's guard: x (M, C), residual like x, weight (C,), all float32 and contiguous."""
     check_array("x", x, np.float32, 2)
+    if residual is not None:
+        check_array("residual", residual, np.float32, 2, tuple(x.shape))
     check_array("weight", weight, np.float32, 1, (x.shape[1],))
     _check_threads(threads)
+
+
+def rmsnorm_cuda(x, weight, eps: float = 1e-5, threads: int = THREADS):
+    """rmsnorm of each row of x (M, C) -> (M, C) float32 on the GPU (or the simulator)."""
+    _check(x, weight, threads)
     out = empty_like(x, tuple(x.shape))                  # (M, C)
     if x.shape[0]:
         rmsnorm_kernel[x.shape[0], threads](to_device(x), to_device(weight), np.float32(eps), to_device(out))
@@ -105,10 +112,7 @@ def rmsnorm_cuda(x, weight, eps: float = 1e-5, threads: int = THREADS):
 
 def add_rmsnorm_cuda(x, residual, weight, eps: float = 1e-5, threads: int = THREADS):
     """Fused: residual (M, C) += x (M, C) in place, returns rmsnorm(residual) (M, C)."""
-    check_array("x", x, np.float32, 2)
-    check_array("residual", residual, np.float32, 2, tuple(x.shape))
-    check_array("weight", weight, np.float32, 1, (x.shape[1],))
-    _check_threads(threads)
+    _check(x, weight, threads, residual)
     out = empty_like(x, tuple(x.shape))                  # (M, C)
     if x.shape[0]:
         add_rmsnorm_kernel[x.shape[0], threads](to_device(x), to_device(residual), to_device(weight),
@@ -118,10 +122,7 @@ def add_rmsnorm_cuda(x, residual, weight, eps: float = 1e-5, threads: int = THRE
 
 def add_then_rmsnorm_cuda(x, residual, weight, eps: float = 1e-5, threads: int = THREADS):
     """The unfused pair, two launches (the baseline the fused kernel is measured against)."""
-    check_array("x", x, np.float32, 2)
-    check_array("residual", residual, np.float32, 2, tuple(x.shape))
-    check_array("weight", weight, np.float32, 1, (x.shape[1],))
-    _check_threads(threads)
+    _check(x, weight, threads, residual)
     n = x.shape[0] * x.shape[1]
     if n:
         add_kernel[blocks(n, ADD_THREADS), ADD_THREADS](to_device(x), to_device(residual))
