@@ -133,19 +133,25 @@ def test_smoothquant_rescues_w8a8_from_outlier_channels(shipped):
 
 
 def test_awq_never_loses_to_plain_int4_on_its_own_calibration_objective():
-    """The search includes a = 0 (s = 1: plain int4), so each layer's calibration output error can only
-    shrink; and the module's one-row (GEMV) and batched paths agree. Whether that carries over to held-out
-    perplexity is measured by `bench quant` (on the shipped model it does not: +2.00% vs +1.74% at g32)."""
-    from minillm.quant import AWQLinear, awq_scales
+    """Both AWQ searches include the plain choice (a = 0 is s = 1; clip fraction 1 is no clipping), so
+    each layer's calibration output error can only shrink; and the module's one-row (GEMV) and batched
+    paths agree. Whether that carries over to held-out perplexity is measured by `bench quant`."""
+    from minillm.quant import AWQLinear, awq_clip, awq_quantize, awq_scales, fake_int4
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 128, generator=g) * 0.05
     x = torch.randn(256, 128, generator=g) * torch.linspace(0.1, 5.0, 128)          # some channels matter more
-    s, a, err = awq_scales(w, x, 32)
     packed, sc, _ = quantize_int4(w.numpy(), 32)
     plain = Int4Linear(torch.from_numpy(packed), torch.from_numpy(sc), 32).dequantize()
-    assert err <= ((x @ plain.T - x @ w.T) ** 2).mean().item() + 1e-12 and 0.0 < a <= 1.0
-    packed, sc, _ = quantize_int4((w * s).numpy(), 32)
-    awq = AWQLinear(torch.from_numpy(packed), torch.from_numpy(sc), 32, s)
+    assert torch.equal(fake_int4(w, 32), plain)                                     # the search's quantizer is the real one
+    out_err = lambda wq: ((x @ wq.T - x @ w.T) ** 2).mean().item()                  # noqa: E731
+    s, a, err = awq_scales(w, x, 32)
+    assert err <= out_err(plain) + 1e-12 and 0.0 < a <= 1.0
+    bound = awq_clip(w * s, x / s, 32)                                              # (48, 4)
+    full = (w * s).reshape(48, 4, 32).abs().amax(-1)
+    assert (bound <= full).all() and (bound >= 0.5 * full).all() and (bound < full).any()
+    awq, max_err = awq_quantize(w, x, 32)
+    assert isinstance(awq, AWQLinear) and out_err(awq.dequantize()) < err <= out_err(plain)
+    assert max_err == pytest.approx((awq.dequantize() - w).abs().max().item())
     rows = torch.cat([awq(x[i:i + 1]) for i in range(4)])
     assert_close(rows, awq(x[:4]), atol=1e-4, rtol=1e-4, name="awq one-row vs batched")
     assert_close(awq(x[:4]), x[:4] @ awq.dequantize().T, atol=1e-4, rtol=1e-4, name="awq vs its weight")
