@@ -10,6 +10,7 @@ prefill (T new tokens), decode (T = 1), chunked prefill and speculative verifica
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,8 @@ class AttentionMetadata:
     block_tables: torch.Tensor   # (B, M) int64
     context_lens: torch.Tensor   # (B,) int64
     positions: torch.Tensor      # (B, T) int64, the query tokens' positions
+    tree_mask: Optional[torch.Tensor] = None  # (B, T, T) bool: Medusa's candidate tree, new token t sees new token u
+                                              # iff tree_mask[b, t, u] (ancestors and itself), and every cached one
 
     @classmethod
     def build(cls, positions, block_tables, context_lens, block_size: int, valid=None):
@@ -59,6 +62,11 @@ def paged_attention(q, k_pool, v_pool, attn: AttentionMetadata, k_scale=None, v_
         v = v * gather_kv(v_scale[..., None], attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
     j = torch.arange(n_ctx, device=q.device)                      # (S,)
     allowed = (j[None, None, :] <= attn.positions[:, :, None]) & (j[None, None, :] < attn.context_lens[:, None, None])  # (B, T, S)
+    if attn.tree_mask is not None:                                # the new tokens are a tree, not a chain
+        B, T = attn.positions.shape
+        rel = j[None, None, :] - attn.positions[:, :1, None]      # (B, 1, S) a key's index among the new tokens
+        tree = torch.gather(attn.tree_mask, 2, rel.clamp(0, T - 1).expand(B, T, n_ctx))  # (B, T, S)
+        allowed = allowed & ((rel < 0) | tree)
     y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=allowed[:, None], enable_gqa=True)  # (B, H, T, D)
     return torch.nan_to_num(y.transpose(1, 2))                    # (B, T, H, D); a padded query row that sees no key: zeros

@@ -175,6 +175,16 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed = 0
 
+    def truncate(self, seq: Sequence, num_tokens: int):
+        """Rollback (speculative decoding): keep only the blocks positions < num_tokens need; the blocks
+        that held rejected draft tokens go back to the pool. The caller sets seq.num_computed."""
+        keep = -(-num_tokens // self.block_size)
+        for b in reversed(seq.block_table[keep:]):
+            self.ref_count[b] -= 1
+            if self.ref_count[b] == 0:
+                self.free.append(b)     # a block past the computed tokens was never hashed
+        del seq.block_table[keep:]
+
     # ------------------------------------------------------------------ swap
     def can_swap_out(self, seq: Sequence) -> bool:
         return len(seq.block_table) <= len(self.swap_free)

@@ -22,9 +22,11 @@ from .model import Transformer
 from .model_runner import ModelRunner, backend_model
 from .outputs import CompletionOutput, RequestOutput
 from .quant import SCHEMES, quantize_model
-from .sampling import SamplingParams, sample_batch
+from .proposers import DraftProposer, NgramProposer, load_draft
+from .sampling import SamplingParams, probs_from_logits, sample_batch
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .speculative import SpeculativeConfig, verify_greedy, verify_sampled
 from .tokenizer import BOS, EOS, Tokenizer
 from .trace import BlockSnapshot, StepRecord, Trace
 
@@ -33,12 +35,18 @@ DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not
 
 
 def _refuse_unbuilt(config: EngineConfig):
-    """Options that name techniques later issues build: refuse them rather than silently ignore them."""
-    unbuilt = {"speculative": None}
-    for name, default in unbuilt.items():
-        if getattr(config, name) != default:
-            raise ValueError(f"{name}={getattr(config, name)!r} is not available in this build yet "
-                             f"(only {name}={default!r})")
+    """Options that do not combine: refuse them rather than silently ignore them."""
+    if config.speculative is not None:
+        spec = SpeculativeConfig.from_dict(config.speculative)
+        if config.backend != "torch":
+            raise ValueError(f"speculative decoding runs on backend='torch' (verification scores several tokens "
+                             f"per sequence in one call); backend={config.backend!r} returns one row per sequence")
+        if config.batching != "continuous":
+            raise ValueError(f"speculative decoding needs batching='continuous' (each sequence advances by its own "
+                             f"number of tokens per step), got batching={config.batching!r}")
+        if spec.method == "medusa" and config.quantization:
+            raise ValueError("speculative method 'medusa' reads the target's float hidden states; it does not combine "
+                             f"with quantization={config.quantization!r}")
     if config.quantization not in (None,) + SCHEMES:
         raise ValueError(f"quantization={config.quantization!r} is not available in this build yet "
                          f"(built: {', '.join(SCHEMES)})")
@@ -81,7 +89,13 @@ class LLMEngine:
         self.block_manager = BlockManager(self.kv.num_blocks, bs, enable_prefix_caching=config.enable_prefix_caching,
                                           swap_blocks=swap_blocks)
         self.scheduler = Scheduler(config, self.block_manager, self.clock)
-        self.runner = ModelRunner(runner_model, self.kv)
+        self.spec = SpeculativeConfig.from_dict(config.speculative) if config.speculative is not None else None
+        self.proposer = self._build_proposer(model, tokenizer) if self.spec else None
+        self.runner = ModelRunner(runner_model, self.kv, keep_hidden=self.spec is not None and self.spec.method == "medusa")
+        self.spec_stats = {"steps": 0, "drafted": 0, "accepted": 0, "emitted": 0, "examined": 0, "alpha_sum": 0.0,
+                           "draft_seconds": 0.0, "verify_seconds": 0.0}
+        if self.spec:
+            self.scheduler.lookahead = self._lookahead
         self.trace = Trace(config.trace)
         self.requests: dict[str, list[Sequence]] = {}
         self.pending_forks: dict[int, list[Sequence]] = {}  # parent seq_id -> siblings waiting for its prefill
@@ -93,12 +107,41 @@ class LLMEngine:
         # llama2.c's data separates documents with BOS and run.c stops on it; EOS ends a text too
         self.stop_ids = {BOS, EOS} if is_llama2c else set(tokenizer.stop_ids)
 
+    def _build_proposer(self, model, tokenizer):
+        spec, cfg = self.spec, self.config
+        if spec.method == "ngram":
+            return NgramProposer(spec.gamma, spec.ngram_max, spec.ngram_min)
+        if spec.method == "draft":
+            draft = load_draft(spec.model, model, tokenizer, cfg.dtype, cfg.seed)
+            if draft.config.max_seq_len < cfg.max_model_len:
+                raise ValueError(f"the draft model's context max_seq_len={draft.config.max_seq_len} is shorter than "
+                                 f"max_model_len={cfg.max_model_len}")
+            # the draft's pool holds every running token plus each sequence's drafts (its bytes are small)
+            blocks = self.kv.num_blocks + cfg.max_num_seqs * (-(-spec.gamma // cfg.block_size) + 1)
+            return DraftProposer(draft, blocks, cfg.block_size, self.kv.k.dtype if not self.kv.quantized else torch.float32)
+        from .medusa import MedusaProposer
+        return MedusaProposer.for_target(model, spec)
+
+    def _draft_len(self, seq: Sequence) -> int:
+        """Tokens to draft for seq this step: gamma, fewer near max_tokens (verification emits up to k + 1)
+        or max_model_len (the k drafts are written at positions len(seq) .. len(seq) + k - 1)."""
+        return max(0, min(self.spec.gamma, seq.params.max_tokens - len(seq.output_ids) - 1,
+                          self.config.max_model_len - len(seq)))
+
+    def _lookahead(self, seq: Sequence) -> int:
+        """Slots past the sequence's next one that its verification writes (the scheduler reserves them)."""
+        k = self._draft_len(seq)
+        return self.proposer.num_slots(seq, k) if self.spec.method == "medusa" else k
+
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
                     arrival_time: Optional[float] = None) -> str:
         """prompt: text or a list of token ids (BOS included). Validated before anything is queued."""
         params = params or SamplingParams()
         ids = self.validate(prompt)
+        if self.spec is not None and self.spec.method == "medusa" and not params.greedy:
+            raise ValueError(f"speculative method 'medusa' verifies its candidate tree greedily: it needs temperature=0, "
+                             f"got temperature={params.temperature} (use method 'draft' or 'ngram' to sample)")
         if request_id is None:
             request_id = str(next(self._req_ids))
             while request_id in self.requests:  # never collide with an id the caller chose
@@ -158,6 +201,8 @@ class LLMEngine:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
+                if self.proposer is not None:
+                    self.proposer.drop(seq)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -172,12 +217,16 @@ class LLMEngine:
             self.swap.swap_out(self.kv, batch.swap_out)
         if not batch:
             return []
+        if self.spec is not None and batch.kind == "decode":
+            return self._spec_step(batch, start)
         n_prefill, n_decode = batch.num_prefill_tokens, batch.num_decode_tokens
         phases = ["prefill" if st < len(s) - 1 else "decode" for s, st in zip(batch.seqs, batch.starts)]
         padding_ids = [s.seq_id for s in batch.padding]
         self.kv.copy_blocks(batch.copies)                                       # copy-on-write, before any write
         logits = self.runner.run(batch)                                         # (B, V)
         done = [e == len(s) for s, e in zip(batch.seqs, batch.ends)]           # False: a partial prompt chunk
+        if self.runner.keep_hidden:                                             # Medusa drafts from these
+            self.proposer.observe(batch.seqs, self.runner.hidden, done)
         ids = sample_batch(logits, [s.params for s in batch.seqs], [s.generator for s in batch.seqs])
         ids = [t if d else None for t, d in zip(ids, done)]
         memory = self._memory(batch) if self.trace.enabled else None            # as the model call left it
@@ -186,6 +235,71 @@ class LLMEngine:
         phases += ["fork"] * (len(batch.seqs) - len(phases))  # siblings that joined after the prefill
         self._record(batch, n_prefill, n_decode, phases, padding_ids, start, memory)
         return [self._output(rid) for rid in dict.fromkeys(s.request_id for s in batch.seqs)]
+
+    def _spec_step(self, batch, start: float) -> list[RequestOutput]:
+        """A decode step with speculation: each sequence drafts k tokens, one target forward scores the
+        k + 1 positions (its last token and the drafts), verification keeps a prefix and emits one more
+        token; the rest is rolled back (the scheduler frees blocks only rejected drafts used)."""
+        seqs, clock = batch.seqs, self.clock
+        self.kv.copy_blocks(batch.copies)
+        ks = [self._draft_len(s) for s in seqs]
+        t0 = clock()
+        proposals = self.proposer.propose(seqs, ks)         # [(drafted ids, q (k, V) or None)]; Medusa: trees
+        t1 = clock()
+        medusa = self.spec.method == "medusa"
+        if medusa:
+            trees = proposals
+            logits = self.runner.score(seqs, [t.tokens for t in trees], [t.depths for t in trees], [t.mask for t in trees])
+        else:
+            logits = self.runner.score(seqs, [[s.token_ids[-1]] + d for s, (d, _) in zip(seqs, proposals)])  # (B, T, V)
+        t2 = clock()
+        emitted, events, st = [], [], self.spec_stats
+        for b, s in enumerate(seqs):
+            if medusa:
+                draft, n, toks, terms = self.proposer.verify(s, trees[b], logits[b], self.runner.hidden[b], self.kv)
+            else:
+                draft, q = proposals[b]
+                n, toks, terms = self._verify(s, draft, q, logits[b])
+            batch.ends[b] = len(s) + n                      # positions len - 1 .. len - 1 + n now hold verified tokens
+            self.proposer.rollback(s, len(s) + n)
+            emitted.append(toks)
+            events.append((s, draft, n, len(s.output_ids)))
+            st["drafted"] += len(draft)
+            st["accepted"] += n
+            st["examined"] += len(terms)
+            st["alpha_sum"] += sum(terms)
+        st["steps"] += 1
+        st["draft_seconds"] += t1 - t0
+        st["verify_seconds"] += t2 - t1
+        memory = self._memory(batch) if self.trace.enabled else None
+        self.scheduler.update(batch, emitted, self._check_finished)
+        self.proposer.gc({s.seq_id for s in self.scheduler.running})
+        spec = []
+        for s, draft, n, before in events:
+            out = s.output_ids[before:]
+            st["emitted"] += len(out)
+            spec.append({"seq_id": s.seq_id, "request_id": s.request_id, "index": s.index, "drafted": list(draft),
+                         "accepted": n, "emitted": list(out)})
+        n_out = sum(len(e["emitted"]) for e in spec)
+        self._record(batch, 0, n_out, ["decode"] * len(seqs), [], start, memory, spec=spec,
+                     draft_seconds=t1 - t0, verify_seconds=t2 - t1)
+        return [self._output(rid) for rid in dict.fromkeys(s.request_id for s in seqs)]
+
+    @staticmethod
+    def _verify(seq: Sequence, draft: list, q, logits) -> tuple:
+        """One sequence's verification. logits (k + 1, V) from the target at its last token and the drafts.
+        -> (n accepted, tokens to emit, alpha terms: sum_x min(p, q) for each examined draft slot)."""
+        k, params = len(draft), seq.params
+        if params.greedy:
+            nxt = logits[:k + 1].argmax(-1).tolist()
+            n = verify_greedy(nxt, draft)
+            return n, draft[:n] + [nxt[n]], [float(draft[i] == nxt[i]) for i in range(min(n + 1, k))]
+        p = torch.stack([probs_from_logits(logits[i], params.temperature, params.top_k, params.top_p)
+                         for i in range(k + 1)])                                   # (k + 1, V)
+        n, tok = verify_sampled(p, q, draft, seq.generator)
+        m = min(n + 1, k)                                                          # slots examined
+        terms = torch.minimum(p[:m], q[:m]).sum(-1) if q is not None else p[torch.arange(m), draft[:m]]
+        return n, draft[:n] + [tok], terms.tolist()
 
     def _fork_samples(self, batch, logits, ids):
         """After a parent's prefill, its n - 1 siblings share its blocks and sample their own first token
@@ -251,7 +365,7 @@ class LLMEngine:
                 fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
         return bm.num_used, bm.num_free, sum(fill.values())
 
-    def _record(self, batch, n_prefill: int, n_decode: int, phases, padding_ids, start: float, memory):
+    def _record(self, batch, n_prefill: int, n_decode: int, phases, padding_ids, start: float, memory, **extra):
         if not self.trace.enabled:  # trace=False: no per-step bookkeeping on the hot path
             self._step += 1
             return
@@ -261,7 +375,7 @@ class LLMEngine:
             step=self._step, kind=batch.kind, seq_ids=[s.seq_id for s in batch.seqs], phases=phases,
             padding_ids=padding_ids, num_prefill_tokens=n_prefill, num_decode_tokens=n_decode,
             num_padding=len(batch.padding), blocks_used=used, blocks_free=free, kv_bytes_used=used * per_block,
-            kv_bytes_filled=filled * per_block // self.kv.block_size, start=start, seconds=self.clock() - start))
+            kv_bytes_filled=filled * per_block // self.kv.block_size, start=start, seconds=self.clock() - start, **extra))
         self._step += 1
 
     def pop_finished(self) -> list[RequestOutput]:

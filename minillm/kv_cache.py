@@ -92,6 +92,15 @@ class KVCache:
             for t in self.tensors():
                 t[:, dst] = t[:, src]
 
+    def move_slots(self, src, dst):
+        """Copy single token slots src -> dst in every layer (Medusa: the accepted path of a candidate tree
+        is compacted into consecutive slots). src, dst: lists of slot ids (block * block_size + offset)."""
+        if src:
+            s, d = torch.tensor(src), torch.tensor(dst)            # (P,)
+            for t in self.tensors():
+                flat = t.view(t.shape[0], -1, *t.shape[3:])        # (L, num_blocks*block_size, ...), a view
+                flat[:, d] = flat[:, s]
+
 
 class SwapSpace:
     """A second pool of the same layout standing for host memory (vLLM's CPU swap space)."""

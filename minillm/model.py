@@ -148,10 +148,12 @@ class Transformer(nn.Module):
         return self
 
     def forward(self, tokens, positions=None, kv: Optional[KVCache] = None, attn: Optional[AttentionMetadata] = None,
-                last_index=None):
+                last_index=None, return_hidden: bool = False):
         """tokens: (B, T) int64; positions: (B, T) int64, default 0..T-1 -> logits (B, T, V).
         last_index (B,): only the logits at these token indices -> (B, 1, V); the classifier is the
-        biggest matmul of a small model, and serving needs one row per sequence."""
+        biggest matmul of a small model, and serving needs one row per sequence.
+        return_hidden: also return the final-normed hidden states h (B, T or 1, C), logits = output(h)
+        (what Medusa heads read)."""
         B, T = tokens.shape
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)  # (B, T)
@@ -167,4 +169,5 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, kv, attn)                           # (B, T, C)
         if last_index is not None:
             x = x[torch.arange(B), last_index][:, None]                # (B, 1, C)
-        return self.output(self.norm(x))                               # (B, T, V)
+        h = self.norm(x)                                               # (B, T, C)
+        return (self.output(h), h) if return_hidden else self.output(h)  # (B, T, V)

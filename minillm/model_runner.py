@@ -22,8 +22,10 @@ def backend_model(model: Transformer, backend: str):
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, kv: KVCache):
+    def __init__(self, model: Transformer, kv: KVCache, keep_hidden: bool = False):
         self.model, self.kv = model, kv
+        self.keep_hidden = keep_hidden   # Medusa: run() also leaves each row's final hidden state in .hidden
+        self.hidden = None               # (B, C) after run() with keep_hidden
 
     @staticmethod
     def rows(batch: ScheduledBatch) -> list:
@@ -60,10 +62,47 @@ class ModelRunner:
         rows = self.rows(batch)
         one = [i for i, (_, st, e, _) in enumerate(rows) if e - st == 1]            # decodes (and padding)
         chunks = [i for i, (_, st, e, _) in enumerate(rows) if e - st > 1]         # prompts or their chunks
-        out = [None] * len(rows)
+        out, hid = [None] * len(rows), [None] * len(rows)
         for group in (g for g in (one, chunks) if g):
             tokens, positions, attn, last = self.prepare([rows[i] for i in group])
-            logits = self.model(tokens, positions, self.kv, attn, last_index=last)  # (len(group), 1, V)
+            res = self.model(tokens, positions, self.kv, attn, last_index=last, **self._hidden_arg())
+            logits, h = res if self.keep_hidden else (res, None)                   # (len(group), 1, V), (.., 1, C)
             for j, i in enumerate(group):
-                out[i] = logits[j, 0]
-        return torch.stack(out[:len(batch.seqs)]).float()                          # (B, V)
+                out[i], hid[i] = logits[j, 0], (h[j, 0] if h is not None else None)
+        n = len(batch.seqs)
+        self.hidden = torch.stack(hid[:n]) if self.keep_hidden else None            # (B, C)
+        return torch.stack(out[:n]).float()                                        # (B, V)
+
+    def _hidden_arg(self) -> dict:
+        return {"return_hidden": True} if self.keep_hidden else {}
+
+    @torch.inference_mode()
+    def score(self, seqs: list, new_tokens: list, depths: list | None = None, tree_masks: list | None = None):
+        """Speculative verification: one forward that writes and scores several new tokens per sequence.
+        new_tokens[b] = [seq's last token, x_1, ..., x_k] go into the cache slots of positions L-1 .. L-1+k
+        (L = len(seq)), whose blocks the scheduler reserved. A chain by default; for a Medusa tree, depths[b]
+        (k+1,) gives each node's RoPE position L-1+depth and tree_masks[b] (k+1, k+1) who sees whom.
+        -> logits (B, T, V) at every new token (float32); .hidden (B, T, C) with keep_hidden."""
+        lens = [len(t) for t in new_tokens]
+        B, T, M = len(seqs), max(lens), max(len(s.block_table) for s in seqs)
+        tokens = torch.zeros(B, T, dtype=torch.long)                    # (B, T)
+        slots_at = torch.zeros(B, T, dtype=torch.long)                  # (B, T) cache position of each new token
+        rope_at = torch.zeros(B, T, dtype=torch.long)                   # (B, T) its RoPE position
+        valid = torch.zeros(B, T, dtype=torch.bool)                     # (B, T)
+        tables = torch.zeros(B, M, dtype=torch.long)                    # (B, M)
+        mask = torch.zeros(B, T, T, dtype=torch.bool) if tree_masks else None  # (B, T, T)
+        for b, (s, toks, n) in enumerate(zip(seqs, new_tokens, lens)):
+            base = len(s) - 1
+            tokens[b, :n] = torch.tensor(toks)
+            slots_at[b, :n] = torch.arange(base, base + n)
+            rope_at[b, :n] = base + (torch.tensor(depths[b]) if depths else torch.arange(n))
+            valid[b, :n] = True
+            tables[b, :len(s.block_table)] = torch.tensor(s.block_table)
+            if mask is not None:
+                mask[b, :n, :n] = torch.as_tensor(tree_masks[b])
+        context_lens = torch.tensor([len(s) - 1 + n for s, n in zip(seqs, lens)])   # (B,)
+        attn = AttentionMetadata.build(slots_at, tables, context_lens, self.kv.block_size, valid)
+        attn.tree_mask = mask
+        res = self.model(tokens, rope_at, self.kv, attn, **self._hidden_arg())
+        logits, self.hidden = res if self.keep_hidden else (res, None)             # (B, T, V), (B, T, C)
+        return logits.float()

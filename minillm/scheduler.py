@@ -65,6 +65,8 @@ class Scheduler:
         default_budget = 512 if config.enable_chunked_prefill else max(config.max_model_len, 2048)
         self.budget = config.max_num_batched_tokens or default_budget
         self._pending_swap_out: list = []
+        # speculative decoding: extra slots a decode writes (its drafts), per sequence (vLLM's lookahead slots)
+        self.lookahead: Callable[[Sequence], int] = lambda seq: 0
 
     def add(self, seq: Sequence):
         self.waiting.append(seq)
@@ -160,7 +162,8 @@ class Scheduler:
     def _schedule_decode(self) -> ScheduledBatch:
         batch = ScheduledBatch("decode")
         for seq in list(self.running):
-            if seq.status is Status.RUNNING and self._ensure_slot(batch, seq, len(seq) - 1, len(seq)):
+            end = len(seq) + self.lookahead(seq)
+            if seq.status is Status.RUNNING and self._ensure_slot(batch, seq, len(seq) - 1, end):
                 batch.add(seq, len(seq) - 1)
         batch.padding = list(self.padding)
         return batch
@@ -197,20 +200,29 @@ class Scheduler:
     # ------------------------------------------------------------------ update
     def update(self, batch: ScheduledBatch, ids: list, is_finished: Callable[[Sequence], bool]):
         """Record what was computed; append each completed sequence's new token (ids[i] is None for a
-        partial prompt chunk); finish those that are done."""
+        partial prompt chunk; a list for a speculative step, appended one by one until the sequence
+        finishes); finish those that are done. A speculative sequence that goes on gives back the blocks
+        that only its rejected drafts used (its end was set to the verified tokens)."""
         now = self.clock()
         for seq, end, tok in zip(batch.seqs, batch.ends, ids):
             seq.num_computed = end
             if tok is None:
                 self.block_manager.mark_computed(seq)
                 continue
-            seq.output_ids.append(tok)
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            seq.metrics.token_times.append(now)
+            done = False
+            for t in (tok if isinstance(tok, list) else [tok]):
+                seq.output_ids.append(t)
+                if seq.metrics.first_token_time is None:
+                    seq.metrics.first_token_time = now
+                seq.metrics.token_times.append(now)
+                done = is_finished(seq)
+                if done:
+                    break
             self.block_manager.mark_computed(seq)   # full blocks become reusable prefixes
-            if is_finished(seq):
+            if done:
                 self.finish(seq, pad=self.config.batching != "continuous")
+            elif isinstance(tok, list):
+                self.block_manager.truncate(seq, len(seq))
         self._release_padding_if_done()
 
     def _release_padding_if_done(self):

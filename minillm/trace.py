@@ -20,6 +20,11 @@ class StepRecord:
     num_padding: int = 0      # finished sequences computed as padding rows (static batching)
     phases: list = field(default_factory=list)       # per seq_id: "prefill", "decode" or "fork"
     padding_ids: list = field(default_factory=list)  # the padding rows' sequences
+    # speculative decode steps: per sequence {"seq_id", "request_id", "index", "drafted": [ids], "accepted": n,
+    # "emitted": [ids]} (emitted = drafted[:n] + the target's own token, cut where the sequence stopped)
+    spec: list = field(default_factory=list)
+    draft_seconds: float = 0.0   # proposing (the draft model's k forwards, a lookup, Medusa heads)
+    verify_seconds: float = 0.0  # the target's one forward over the k + 1 positions
 
 
 @dataclass
@@ -30,6 +35,11 @@ class Trace:
     def record(self, rec: StepRecord):
         if self.enabled:
             self.steps.append(rec)
+
+    def spec_events(self, request_id, index: int = 0) -> list[dict]:
+        """One sequence's speculative steps in order: [{"drafted", "accepted", "emitted"}] (viz.spec_text_html)."""
+        return [{k: e[k] for k in ("drafted", "accepted", "emitted")} for st in self.steps for e in st.spec
+                if e["request_id"] == str(request_id) and e["index"] == index]
 
 
 @dataclass

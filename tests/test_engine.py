@@ -211,12 +211,6 @@ def test_unknown_option_and_bad_engine_values(tiny):
 
 
 # ---------------------------------------------------------------- found in review
-@pytest.mark.parametrize("opt", [dict(speculative={"method": "ngram"})])
-def test_options_not_built_yet_are_refused_not_ignored(tiny, opt):
-    with pytest.raises(ValueError, match=f"{next(iter(opt))}=.* is not available in this build yet"):
-        make(tiny, **opt)
-
-
 @pytest.mark.parametrize("kw,match", [(dict(stop=[5]), "stop must be non-empty strings"),
                                       (dict(stop_token_ids=["x"]), "stop_token_ids"), (dict(seed=-1), "seed"),
                                       (dict(block_size=16.5), None)])

@@ -1,0 +1,142 @@
+"""Proposers for speculative decoding: who drafts the gamma tokens the target then verifies.
+
+    NgramProposer   prompt lookup (Saxena 2023; vLLM's "ngram"): find the context's latest earlier
+                    occurrence of its last n tokens and propose what followed it. Free to run; q is one-hot.
+    DraftProposer   a small draft model (the shipped distilled draft) decoding gamma tokens ahead on its
+                    own paged KV pool, sampled with the request's own parameters and generator; q is its
+                    distribution. After verification its cache is rolled back with the target's.
+    Medusa          see minillm.medusa (heads on the target's own hidden state, a candidate tree).
+
+A proposal for one sequence is (tokens, q): the drafted ids and q (k, V) float, or None for one-hot.
+Every proposer also has drop(seq) (free what it holds for a sequence) and rollback(seq, valid) (only
+the first `valid` tokens of seq stand; anything computed past them is stale).
+"""
+from __future__ import annotations
+
+import torch
+
+from .block_manager import BlockManager
+from .kv_cache import KVCache
+from .model_runner import ModelRunner
+from .sampling import probs_from_logits
+from .scheduler import ScheduledBatch
+from .sequence import Sequence
+
+
+def ngram_lookup(tokens: list[int], k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the context's last n tokens,
+    trying n = ngram_max first, down to ngram_min. [] when nothing matches."""
+    L = len(tokens)
+    for n in range(min(ngram_max, L - 1), ngram_min - 1, -1):
+        suffix = tokens[L - n:]
+        for i in range(L - n - 1, -1, -1):            # latest first; a match must end before the suffix
+            if tokens[i:i + n] == suffix:
+                return tokens[i + n:i + n + k]
+    return []
+
+
+class NgramProposer:
+    def __init__(self, gamma: int, ngram_max: int = 3, ngram_min: int = 1):
+        self.gamma, self.ngram_max, self.ngram_min = gamma, ngram_max, ngram_min
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[tuple]:
+        return [(ngram_lookup(s.token_ids, k, self.ngram_max, self.ngram_min) if k else [], None)
+                for s, k in zip(seqs, ks)]
+
+    def rollback(self, seq: Sequence, valid: int):
+        pass
+
+    def drop(self, seq: Sequence):
+        pass
+
+    def gc(self, alive):
+        pass
+
+
+class DraftProposer:
+    """The draft model keeps a shadow of each speculating sequence (same tokens, its own block table in
+    its own pool) and decodes k tokens ahead, k rounds of one batched forward (the first round also
+    catches up on the tokens the target accepted since the last step)."""
+
+    def __init__(self, draft, num_blocks: int, block_size: int, kv_dtype=torch.float32):
+        self.model = draft
+        self.kv = KVCache(draft.config, num_blocks, block_size, kv_dtype)
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.runner = ModelRunner(draft, self.kv)
+        self.shadows: dict[int, Sequence] = {}           # target seq_id -> the draft's copy
+
+    def _shadow(self, seq: Sequence) -> Sequence:
+        sh = self.shadows.get(seq.seq_id)
+        if sh is None:
+            sh = self.shadows[seq.seq_id] = Sequence(seq.seq_id, seq.request_id, seq.index, [], seq.params, 0, 0.0)
+        sh.prompt_ids, sh.output_ids = list(seq.token_ids), []
+        return sh
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[tuple]:
+        out = [([], [] if not s.params.greedy else None) for s in seqs]
+        active = [(b, s, self._shadow(s)) for b, (s, k) in enumerate(zip(seqs, ks)) if k > 0]
+        for j in range(max(ks, default=0)):
+            rows = [(b, s, sh) for b, s, sh in active if ks[b] > j]
+            batch = ScheduledBatch("decode")
+            for _, _, sh in rows:
+                self.blocks.allocate(sh, len(sh))
+                batch.add(sh, sh.num_computed, len(sh))
+            logits = self.runner.run(batch)                                   # (R, V)
+            for (b, s, sh), row in zip(rows, logits):
+                p = s.params
+                if p.greedy:
+                    x = int(torch.argmax(row))
+                else:
+                    q = probs_from_logits(row, p.temperature, p.top_k, p.top_p)  # (V,)
+                    x = int(torch.multinomial(q, 1, generator=s.generator))
+                    out[b][1].append(q)
+                sh.num_computed = len(sh)
+                sh.output_ids.append(x)
+                out[b][0].append(x)
+        return [(toks, torch.stack(q) if q else None) for toks, q in out]
+
+    def rollback(self, seq: Sequence, valid: int):
+        sh = self.shadows.get(seq.seq_id)
+        if sh is not None:
+            sh.num_computed = min(sh.num_computed, valid)
+            self.blocks.truncate(sh, sh.num_computed)
+
+    def drop(self, seq: Sequence):
+        sh = self.shadows.pop(seq.seq_id, None)
+        if sh is not None:
+            self.blocks.free_seq(sh)
+
+    def gc(self, alive):
+        """Free the shadows of sequences no longer running (finished, aborted, preempted)."""
+        for seq_id in [i for i in self.shadows if i not in alive]:
+            self.blocks.free_seq(self.shadows.pop(seq_id))
+
+
+def same_tokenizer(a, b) -> bool:
+    """Do two tokenizers map text to the same ids? llama2.c vocabularies: the same pieces in the same
+    order; others: the same size and the same ids for a probe text."""
+    if a is b:
+        return True
+    if hasattr(a, "pieces") and hasattr(b, "pieces"):
+        return a.pieces == b.pieces
+    probe = "To be, or not to be: that is the question.\n"
+    return type(a) is type(b) and a.vocab_size == b.vocab_size and a.encode(probe) == b.encode(probe)
+
+
+def load_draft(spec_model, target, tokenizer, dtype: str, seed: int):
+    """The draft model for method "draft": a name or path (default: the shipped distilled draft), or a
+    Transformer (which then shares the target's tokenizer). Its tokenizer must be the target's."""
+    from .loader import load
+    from .model import Transformer
+    if isinstance(spec_model, Transformer):
+        draft, draft_tok = spec_model, tokenizer
+    else:
+        draft, draft_tok = load(spec_model or "shakespeare-draft", None, dtype, seed)
+    if not same_tokenizer(draft_tok, tokenizer) or draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"the draft model {spec_model or 'shakespeare-draft'!r} uses a different tokenizer from the "
+                         f"target's (vocab {draft.config.vocab_size} vs {target.config.vocab_size}, or different "
+                         f"tokens): speculative decoding verifies token ids, so both must share one tokenizer")
+    if next(draft.parameters()).dtype != next(target.parameters()).dtype:
+        draft = draft.to(next(target.parameters()).dtype)
+    return draft.eval()
