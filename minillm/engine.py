@@ -22,7 +22,7 @@ from .model import Transformer
 from .model_runner import ModelRunner, backend_model
 from .outputs import CompletionOutput, RequestOutput
 from .quant import SCHEMES, quantize_model
-from .proposers import DraftProposer, NgramProposer, load_draft
+from .proposers import DraftProposer, MedusaProposer, NgramProposer, load_draft
 from .sampling import SamplingParams, probs_from_logits, sample_batch
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -92,7 +92,7 @@ class LLMEngine:
         self.spec = SpeculativeConfig.from_dict(config.speculative) if config.speculative is not None else None
         self.proposer = self._build_proposer(model, tokenizer) if self.spec else None
         self.runner = ModelRunner(runner_model, self.kv, keep_hidden=self.spec is not None and self.spec.method == "medusa")
-        self.spec_stats = {"steps": 0, "drafted": 0, "accepted": 0, "emitted": 0, "examined": 0, "alpha_sum": 0.0,
+        self.spec_stats = {"steps": 0, "rows": 0, "drafted": 0, "accepted": 0, "emitted": 0, "examined": 0, "alpha_sum": 0.0,
                            "draft_seconds": 0.0, "verify_seconds": 0.0}
         if self.spec:
             self.scheduler.lookahead = self._lookahead
@@ -118,9 +118,9 @@ class LLMEngine:
                                  f"max_model_len={cfg.max_model_len}")
             # the draft's pool holds every running token plus each sequence's drafts (its bytes are small)
             blocks = self.kv.num_blocks + cfg.max_num_seqs * (-(-spec.gamma // cfg.block_size) + 1)
-            return DraftProposer(draft, blocks, cfg.block_size, self.kv.k.dtype if not self.kv.quantized else torch.float32)
-        from .medusa import MedusaProposer
-        return MedusaProposer.for_target(model, spec)
+            return DraftProposer(draft, blocks, cfg.block_size, self.kv.k.dtype if not self.kv.quantized else torch.float32,
+                                 backend=spec.draft_backend)
+        return MedusaProposer.for_target(model, spec, cfg.max_model_len)
 
     def _draft_len(self, seq: Sequence) -> int:
         """Tokens to draft for seq this step: gamma, fewer near max_tokens (verification emits up to k + 1)
@@ -264,6 +264,7 @@ class LLMEngine:
             self.proposer.rollback(s, len(s) + n)
             emitted.append(toks)
             events.append((s, draft, n, len(s.output_ids)))
+            st["rows"] += 1
             st["drafted"] += len(draft)
             st["accepted"] += n
             st["examined"] += len(terms)

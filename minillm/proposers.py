@@ -17,21 +17,26 @@ import torch
 
 from .block_manager import BlockManager
 from .kv_cache import KVCache
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, backend_model
 from .sampling import probs_from_logits
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
 
 def ngram_lookup(tokens: list[int], k: int, ngram_max: int = 3, ngram_min: int = 1) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the context's last n tokens,
-    trying n = ngram_max first, down to ngram_min. [] when nothing matches."""
+    """k tokens copied from what followed the most recent earlier occurrence of the context's last n
+    tokens, trying n = ngram_max first, down to ngram_min; [] when nothing matches. A copy that reaches
+    the end of the context goes on through the tokens it has just proposed (a loop of period P repeats:
+    the copy runs P tokens behind), so a short loop still fills all k."""
     L = len(tokens)
     for n in range(min(ngram_max, L - 1), ngram_min - 1, -1):
         suffix = tokens[L - n:]
         for i in range(L - n - 1, -1, -1):            # latest first; a match must end before the suffix
             if tokens[i:i + n] == suffix:
-                return tokens[i + n:i + n + k]
+                ext = list(tokens)
+                for j in range(i + n, i + n + k):     # j < len(ext) always: the copy trails by L - i - n >= 1
+                    ext.append(ext[j])
+                return ext[L:]
     return []
 
 
@@ -58,11 +63,11 @@ class DraftProposer:
     its own pool) and decodes k tokens ahead, k rounds of one batched forward (the first round also
     catches up on the tokens the target accepted since the last step)."""
 
-    def __init__(self, draft, num_blocks: int, block_size: int, kv_dtype=torch.float32):
+    def __init__(self, draft, num_blocks: int, block_size: int, kv_dtype=torch.float32, backend: str = "torch"):
         self.model = draft
         self.kv = KVCache(draft.config, num_blocks, block_size, kv_dtype)
         self.blocks = BlockManager(num_blocks, block_size)
-        self.runner = ModelRunner(draft, self.kv)
+        self.runner = ModelRunner(backend_model(draft, backend), self.kv)
         self.shadows: dict[int, Sequence] = {}           # target seq_id -> the draft's copy
 
     def _shadow(self, seq: Sequence) -> Sequence:
@@ -140,3 +145,79 @@ def load_draft(spec_model, target, tokenizer, dtype: str, seed: int):
     if next(draft.parameters()).dtype != next(target.parameters()).dtype:
         draft = draft.to(next(target.parameters()).dtype)
     return draft.eval()
+
+
+class MedusaProposer:
+    """Medusa (Cai et al. 2024): K heads on the target's own last hidden state guess the tokens 2..K+1
+    ahead; their top candidates form a tree (minillm.medusa.build_tree) that the target verifies in one
+    forward through a tree attention mask. Greedy only: the longest path the target agrees with is kept,
+    its K/V moved into consecutive slots, and the target's token after it emitted."""
+
+    def __init__(self, target, heads, choices, max_model_len: int):
+        self.target, self.heads, self.choices, self.max_model_len = target, heads, list(choices), max_model_len
+        self.hidden: dict[int, torch.Tensor] = {}          # seq_id -> (C,) the target's hidden state at its last computed token
+
+    @classmethod
+    def for_target(cls, target, spec, max_model_len: int):
+        import os
+        from .loader import MODELS_DIR
+        from .medusa import DEFAULT_CHOICES, build_tree, load_medusa
+        heads = load_medusa(spec.heads or os.path.join(MODELS_DIR, "shakespeare-medusa.bin"), target)
+        choices = [tuple(c) for c in (spec.tree or DEFAULT_CHOICES)]
+        build_tree(0, torch.zeros(heads.weight.shape[0], target.config.vocab_size), choices)  # validates the tree now
+        return cls(target, heads, choices, max_model_len)
+
+    def _choices(self, seq: Sequence, k: int) -> list:
+        """The tree cut to depth k (gamma, fewer near max_tokens) and to the slots left before max_model_len."""
+        room = self.max_model_len - len(seq)
+        return [c for c in self.choices if len(c) <= k][:max(0, room)]
+
+    def num_slots(self, seq: Sequence, k: int) -> int:
+        return len(self._choices(seq, k))
+
+    def observe(self, seqs, hidden, done):
+        """After a target forward (prefill or plain decode): each finished row's hidden state (B, C)."""
+        for s, h, d in zip(seqs, hidden, done):
+            if d:
+                self.hidden[s.seq_id] = h
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list:
+        from .medusa import MedusaTree, build_tree
+        trees = []
+        for s, k in zip(seqs, ks):
+            choices = self._choices(s, k)
+            if not choices:
+                trees.append(MedusaTree([s.token_ids[-1]], [-1], [0], torch.ones(1, 1, dtype=torch.bool), [()]))
+                continue
+            head_logits = self.heads(self.hidden[s.seq_id], self.target.output.weight)      # (K, V)
+            trees.append(build_tree(s.token_ids[-1], head_logits, choices))
+        return trees
+
+    def verify(self, seq: Sequence, tree, logits, hidden, kv) -> tuple:
+        """logits (T, V), hidden (T, C) at the tree's nodes (T >= N, padded). -> (the drafted chain, n accepted,
+        tokens to emit, alpha terms). The chain reported is the accepted path plus the best-ranked child the
+        target turned down, if any (what the coloured text shows)."""
+        from .medusa import greedy_accept
+        N = len(tree.tokens)
+        nxt = logits[:N].argmax(-1).tolist()
+        path = greedy_accept(tree, nxt)
+        last = path[-1] if path else 0
+        base, bs = len(seq) - 1, kv.block_size
+        slot = lambda pos: seq.block_table[pos // bs] * bs + pos % bs           # noqa: E731
+        moves = [(base + a, base + 1 + i) for i, a in enumerate(path) if a != i + 1]
+        kv.move_slots([slot(a) for a, _ in moves], [slot(b) for _, b in moves])  # the path into consecutive slots
+        self.hidden[seq.seq_id] = hidden[last]
+        refused = next((c for c in range(N) if tree.parents[c] == last), None)   # children come in rank order
+        chain = [tree.tokens[a] for a in path] + ([tree.tokens[refused]] if refused is not None else [])
+        return chain, len(path), [tree.tokens[a] for a in path] + [nxt[last]], [1.0] * len(path) + [0.0] * (refused is not None)
+
+    def rollback(self, seq: Sequence, valid: int):
+        pass
+
+    def drop(self, seq: Sequence):
+        self.hidden.pop(seq.seq_id, None)
+
+    def gc(self, alive):
+        for seq_id in [i for i in self.hidden if i not in alive]:
+            del self.hidden[seq_id]

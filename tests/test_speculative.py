@@ -84,7 +84,8 @@ def test_ngram_lookup_finds_the_latest_longest_match():
     t = [1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2, 3]
     assert ngram_lookup(t, 2, ngram_max=3) == [4, 5]      # the latest earlier "1 2 3" was followed by 4 5
     assert ngram_lookup([7, 8, 9], 3) == []               # no earlier occurrence of any suffix
-    assert ngram_lookup([4, 1, 4], 3, ngram_max=2) == [1, 4]   # falls back to n = 1
+    assert ngram_lookup([4, 1, 4], 3, ngram_max=2) == [1, 4, 1]  # falls back to n = 1; the copy runs on
+    assert ngram_lookup([5, 6, 7, 5, 6], 4) == [7, 5, 6, 7]    # past the context's end: the loop continues
     assert ngram_lookup([4, 1, 4], 3, ngram_min=2) == []
 
 
@@ -154,7 +155,8 @@ def greedy_reference(shipped64):
     return run_all(LLMEngine(target, tok, EngineConfig(dtype="float64")), PROMPTS[:2], GREEDY)
 
 
-@pytest.mark.parametrize("method,gamma", [("ngram", 1), ("ngram", 3), ("draft", 1), ("draft", 2), ("draft", 5)])
+@pytest.mark.parametrize("method,gamma", [("ngram", 1), ("ngram", 3), ("draft", 1), ("draft", 2), ("draft", 5),
+                                          ("medusa", 1), ("medusa", 3)])
 def test_greedy_speculative_output_equals_greedy_target_output(shipped64, greedy_reference, method, gamma):
     """DESIGN.md rule 7: float64, so scoring k + 1 positions in one forward cannot flip an argmax."""
     target, draft, tok = shipped64
@@ -254,6 +256,51 @@ def test_trace_records_drafted_accepted_and_emitted(shipped64):
         assert e["emitted"][:e["accepted"]] == e["drafted"][:e["accepted"]] and len(e["emitted"]) <= e["accepted"] + 1
 
 
+def prefill_keys(model, ids):
+    """K of every layer for these tokens, as a plain prefill into a fresh pool writes them: (L, n, Hkv, D)."""
+    from minillm.attention import AttentionMetadata
+    from minillm.kv_cache import KVCache
+    n = len(ids)
+    kv = KVCache(model.config, num_blocks=n, block_size=1, dtype=torch.float64)
+    attn = AttentionMetadata.build(torch.arange(n)[None], torch.arange(n)[None], torch.tensor([n]), 1)
+    with torch.no_grad():
+        model(torch.tensor([ids]), torch.arange(n)[None], kv, attn)
+    return kv.k[:, :, 0]
+
+
+def test_medusa_compacts_the_accepted_path_into_consecutive_slots(shipped64):
+    """After every Medusa step the cache holds, at positions 0..num_computed-1, exactly the K/V a plain
+    prefill of the same tokens writes (float64, 1e-10): the accepted path was moved out of the tree's
+    scattered slots (on this prompt some accepted paths leave the first branch: without the move, this fails)."""
+    target, _, tok = shipped64
+    eng = LLMEngine(target, tok, EngineConfig(dtype="float64", block_size=4, speculative={"method": "medusa", "gamma": 3}))
+    eng.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    moved = 0
+    while eng.has_unfinished_requests():
+        eng.step()
+        moved += sum(e["accepted"] > 0 for st in eng.trace.steps[-1:] for e in st.spec)
+        for s in eng.scheduler.running:
+            n = s.num_computed
+            want = prefill_keys(target, s.token_ids[:n])                  # (L, n, Hkv, D)
+            flat = eng.kv.k.view(eng.kv.k.shape[0], -1, *eng.kv.k.shape[3:])
+            got = flat[:, [s.block_table[p // 4] * 4 + p % 4 for p in range(n)]]
+            assert torch.allclose(got, want, atol=1e-10)
+    assert moved > 0
+    check_no_leaks(eng)
+
+
+def test_draft_on_the_numba_backend_drafts_the_same_tokens(shipped64):
+    """draft_backend='numba' runs the draft as one compiled forward: same greedy drafts as torch's (float32)."""
+    from minillm.loader import load
+    target, tok = load("shakespeare")
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = []
+    for backend in ("torch", "numba"):
+        eng = LLMEngine(target, tok, EngineConfig(speculative={"method": "draft", "gamma": 3, "draft_backend": backend}))
+        outs.append((run_all(eng, PROMPTS[:1], sp), [e["drafted"] for st in eng.trace.steps for e in st.spec]))
+    assert outs[0][1] and outs[0] == outs[1]
+
+
 # ---------------------------------------------------------------- bad input
 @pytest.mark.parametrize("spec,match", [
     ({"method": "draft", "gamma": 0}, r"gamma must be an integer >= 1 .* got 0"),
@@ -262,10 +309,26 @@ def test_trace_records_drafted_accepted_and_emitted(shipped64):
     ({"method": "ngram", "lookahead": 2}, r"unknown speculative option\(s\) \['lookahead'\]"),
     ({"gamma": 2}, r"speculative must be a dict with a 'method'"),
     ({"method": "ngram", "ngram_min": 3, "ngram_max": 2}, r"1 <= ngram_min <= ngram_max"),
+    ({"method": "draft", "draft_backend": "cuda"}, r"draft_backend must be 'torch' or 'numba', got 'cuda'"),
+    ({"method": "medusa"}, r"Medusa heads in .*shakespeare-medusa.bin were trained for a model with dim=256.*this model has dim=64"),
+    ({"method": "medusa", "heads": "/nonexistent/heads.bin"}, None),
 ])
 def test_bad_speculative_options_are_refused(spec, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError if match else FileNotFoundError, match=match):
         LLM("random:tiny", speculative=spec)
+
+
+def test_medusa_refuses_sampling_and_keeps_the_engine_usable():
+    llm = LLM("shakespeare", speculative={"method": "medusa", "gamma": 2})
+    with pytest.raises(ValueError, match=r"'medusa' verifies its candidate tree greedily: it needs temperature=0, got temperature=0.8"):
+        llm.generate("ROMEO.\n", SamplingParams(temperature=0.8))
+    out = llm.generate("ROMEO.\n", SamplingParams(temperature=0, max_tokens=8))
+    assert len(out[0].outputs[0].token_ids) == 8
+
+
+def test_a_medusa_tree_deeper_than_the_heads_is_refused():
+    with pytest.raises(ValueError, match=r"tree choice \(0, 0, 0, 0\) is 4 deep but there are only 3 heads"):
+        LLM("shakespeare", speculative={"method": "medusa", "tree": [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]})
 
 
 def test_a_draft_with_another_tokenizer_is_refused():
