@@ -1,4 +1,4 @@
-"""`python -m minillm bench decode | batched | serve | quant`: batch-1 decode speed; batched decode beside llama2.c's
+"""`python -m minillm bench decode | batched | serve | quant | spec`: batch-1 decode speed; batched decode beside llama2.c's
 run.c and against torch's own matmul FLOP/s; a serving workload under several settings. Warm-up excluded,
 medians of several runs, every ratio measured side by side in one run."""
 from __future__ import annotations
@@ -230,6 +230,13 @@ def main(argv: list[str]) -> int:
     qb.add_argument("--windows", type=int, default=25, help="held-out windows of 256 tokens for perplexity")
     qb.add_argument("--quick", action="store_true", help="4 windows, 8 steps, batch 4, 1 repeat: a smoke test")
     qb.add_argument("--json", default=None)
+    sp = sub.add_parser("spec", help="speculative decoding: every proposer and gamma against plain decoding, batch 1 and up")
+    sp.add_argument("--model", default="shakespeare")
+    sp.add_argument("--tokenizer", default=None)
+    sp.add_argument("--prompts", type=int, default=32)
+    sp.add_argument("--max-tokens", type=int, default=128)
+    sp.add_argument("--quick", action="store_true", help="4 prompts, 32 tokens, one gamma per proposer: a smoke test")
+    sp.add_argument("--json", default=None)
     d = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
     d.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
     d.add_argument("--tokenizer", default=None)
@@ -263,6 +270,17 @@ def main(argv: list[str]) -> int:
         from .bench_quant import bench_quant, print_table
         steps, batch, repeats, windows = (8, 4, 1, 4) if a.quick else (a.steps, a.batch, a.repeats, a.windows)
         res = bench_quant(a.model, a.tokenizer, steps, batch, repeats, windows)
+        print_table(res)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=2)
+        return 0
+    if a.what == "spec":
+        from .bench_spec import QUICK, bench_spec, print_table
+        if a.quick:
+            res = bench_spec(a.model, a.tokenizer, 4, 32, configs=QUICK, batches=(1, 4))
+        else:
+            res = bench_spec(a.model, a.tokenizer, a.prompts, a.max_tokens)
         print_table(res)
         if a.json:
             with open(a.json, "w") as f:

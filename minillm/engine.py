@@ -139,9 +139,6 @@ class LLMEngine:
         """prompt: text or a list of token ids (BOS included). Validated before anything is queued."""
         params = params or SamplingParams()
         ids = self.validate(prompt)
-        if self.spec is not None and self.spec.method == "medusa" and not params.greedy:
-            raise ValueError(f"speculative method 'medusa' verifies its candidate tree greedily: it needs temperature=0, "
-                             f"got temperature={params.temperature} (use method 'draft' or 'ngram' to sample)")
         if request_id is None:
             request_id = str(next(self._req_ids))
             while request_id in self.requests:  # never collide with an id the caller chose
@@ -172,7 +169,11 @@ class LLMEngine:
         return shared + params.n * (-(-total // bs) - shared)
 
     def check_fits(self, prompt_len: int, params: SamplingParams):
-        """A request that could never fit in the pool is refused up front: it would wait forever."""
+        """A request that could never fit in the pool is refused up front: it would wait forever. So is one the
+        speculative method cannot serve (Medusa samples nothing: greedy only)."""
+        if self.spec is not None and self.spec.method == "medusa" and not params.greedy:
+            raise ValueError(f"speculative method 'medusa' verifies its candidate tree greedily: it needs temperature=0, "
+                             f"got temperature={params.temperature} (use method 'draft' or 'ngram' to sample)")
         need = self.blocks_needed(prompt_len, params)
         if need > self.block_manager.num_blocks:
             raise ValueError(f"request needs up to {need} KV blocks ({prompt_len} prompt tokens + max_tokens="

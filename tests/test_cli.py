@@ -97,6 +97,18 @@ def test_bench_quant_quick_json(tmp_path):
     assert abs(runs["int8"]["delta_ppl"]) < 0.005 and abs(runs["int4 g32"]["delta_ppl"]) < 0.05
 
 
+def test_bench_spec_quick_json(tmp_path):
+    out = tmp_path / "s.json"
+    assert main(["bench", "spec", "--quick", "--json", str(out)]) == 0
+    res = json.load(open(out))
+    assert {(r["proposer"], r["temperature"]) for r in res["rows"]} == {("draft", 0.0), ("ngram", 0.0), ("medusa", 0.0),
+                                                                        ("draft", 1.0), ("ngram", 1.0)}
+    for r in res["rows"]:
+        assert 0 <= r["alpha"] <= 1 and r["c"] >= 0 and r["r"] > 0 and r["measured"] > 0 and r["predicted_k"] > 0
+        assert r["same_as_plain"] or r["temperature"] > 0          # greedy speculation never changes the text
+    assert [s["batch"] for s in res["batch_sweep"]] == [1, 4] and isinstance(res["goals"]["best_at_least_2x"], bool)
+
+
 def test_bench_batched_quick_with_a_stand_in_runc(tmp_path):
     fake = tmp_path / "runc"        # stands in for a run.c binary: only its "achieved tok/s" line is read
     fake.write_text('#!/bin/sh\necho "achieved tok/s: 50.0" >&2\n')

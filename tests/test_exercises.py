@@ -70,6 +70,9 @@ def test_checkers_fail_on_wrong_answers():
     assert not CHECKERS["check_global_reads"](lambda M, K, N, tile: (M * K * N, N * K * M))        # the naive kernel's
     assert not CHECKERS["check_online_softmax_update"](                                         # no rescale of d
         lambda m, d, x: (max(m, x), d + __import__("math").exp(x - max(m, x))))
+    assert not CHECKERS["check_residual"](lambda p, q: (p - q).clamp_min(0))                   # not normalised
+    assert not CHECKERS["check_ngram_lookup"](lambda t, k, n: next((t[i + n:i + n + k] for i in range(len(t) - n)
+                                                                     if t[i:i + n] == t[-n:]), []))  # earliest match
     import numpy as np
     assert not CHECKERS["check_combine_splits"](lambda outs, lses: np.mean(outs, axis=0))       # ignores the lses
     assert not CHECKERS["check_smooth_factor"](lambda a, w, alpha: a ** alpha / w ** alpha)     # exponent of w wrong

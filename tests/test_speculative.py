@@ -321,7 +321,8 @@ def test_bad_speculative_options_are_refused(spec, match):
 def test_medusa_refuses_sampling_and_keeps_the_engine_usable():
     llm = LLM("shakespeare", speculative={"method": "medusa", "gamma": 2})
     with pytest.raises(ValueError, match=r"'medusa' verifies its candidate tree greedily: it needs temperature=0, got temperature=0.8"):
-        llm.generate("ROMEO.\n", SamplingParams(temperature=0.8))
+        llm.generate(["ROMEO.\n", "JULIET.\n"], [SamplingParams(temperature=0), SamplingParams(temperature=0.8)])
+    assert not llm.engine.has_unfinished_requests()        # the valid first request was not queued either
     out = llm.generate("ROMEO.\n", SamplingParams(temperature=0, max_tokens=8))
     assert len(out[0].outputs[0].token_ids) == 8
 

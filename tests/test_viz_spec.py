@@ -187,3 +187,12 @@ def test_plot_acceptance_bars_one_bar_per_method():
     ax = fig.axes[0]
     assert [round(b.get_height(), 2) for b in ax.patches] == [0.72, 0.35, 0.6]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["draft model", "n-gram", "medusa"]
+
+
+def test_pass_cost_and_exactness_plots_draw_their_data():
+    fig = viz.plot_pass_cost({1: 2.0, 2: 2.2, 4: 2.6})
+    lines = fig.axes[0].get_lines()
+    assert list(lines[0].get_ydata()) == pytest.approx([1.0, 1.1, 1.3]) and list(lines[1].get_ydata()) == [1, 2, 4]
+    fig = viz.plot_exactness(torch.tensor([0.5, 0.25, 0.25]), torch.tensor([48.0, 27.0, 25.0]))   # torch, as verification gives
+    heights = [r.get_height() for r in fig.axes[0].patches]
+    assert heights == pytest.approx([0.5, 0.25, 0.25, 0.48, 0.27, 0.25])

@@ -18,7 +18,8 @@ from .rope import plot_rope
 from .sampling import plot_next_token_distribution, sampling_explorer
 from .serving import (plot_block_map, plot_latency_vs_throughput, plot_memory_bars, plot_serve_comparison, plot_timeline,
                       plot_block_size_sweep, serving_explorer)
-from .spec import draw_medusa_tree, plot_acceptance_bars, plot_spec_vs_batch, plot_spec_vs_gamma, spec_counts, spec_text_html
+from .spec import (draw_medusa_tree, plot_acceptance_bars, plot_exactness, plot_pass_cost, plot_spec_vs_batch, plot_spec_vs_gamma,
+                   spec_counts, spec_text_html)
 from .trace import plot_trace
 from .training import plot_expected_tokens, plot_training_curves
 
@@ -30,4 +31,5 @@ __all__ = ["draw_engine_path", "plot_trace", "plot_next_token_distribution", "sa
            "plot_access_diagram", "plot_roofline", "plot_fusion",
            "draw_attention_tiles", "plot_online_softmax", "plot_attention_memory", "plot_split_sweep",
            "plot_weight_activation_hist", "plot_channel_error_heatmap", "plot_pareto", "plot_speedup_vs_batch",
-           "spec_text_html", "spec_counts", "plot_spec_vs_gamma", "plot_spec_vs_batch", "draw_medusa_tree", "plot_acceptance_bars"]
+           "spec_text_html", "spec_counts", "plot_spec_vs_gamma", "plot_spec_vs_batch", "draw_medusa_tree", "plot_acceptance_bars",
+           "plot_pass_cost", "plot_exactness"]

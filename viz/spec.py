@@ -4,7 +4,8 @@ rate and speedup against gamma and against batch size, and a Medusa token tree b
 mask.
 
 Notation: p = the target's distribution, q = the draft's, gamma = tokens drafted per step,
-alpha = acceptance rate (accepted / drafted). Each function draws plain data (lists of per-step
+alpha = the acceptance rate E[sum_x min(p, q)] (spec_counts reports the plain ratio accepted / drafted,
+which undercounts it: drafts after a rejection are never examined). Each function draws plain data (lists of per-step
 event dicts, rows of measured numbers, the tree's parents and mask); nothing here runs a model.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _check_event(i: int, ev: dict) -> tuple[list[int], int, list[int]]:
 
 def spec_counts(events) -> dict:
     """Totals over one sequence's steps: drafted, accepted and emitted tokens, the number of steps,
-    alpha = accepted / drafted (nan when nothing was drafted) and tokens emitted per step (per target
+    alpha (acceptance rate) (nan when nothing was drafted) and tokens emitted per step (per target
     forward)."""
     drafted = accepted = emitted = 0
     for i, ev in enumerate(events):
@@ -188,7 +189,7 @@ def plot_spec_vs_gamma(rows):
         ax_s.plot(*series(name, "predicted"), "--", marker="o", mfc="none", color=color, label=f"{name}: predicted")
         ax_s.plot(*series(name, "measured"), "-", marker="o", color=color, label=f"{name}: measured")
     _no_gain(ax_s)
-    ax_a.set(xlabel="gamma (drafted tokens per step)", ylabel="alpha = accepted / drafted", ylim=(0, 1.05),
+    ax_a.set(xlabel="gamma (drafted tokens per step)", ylabel="alpha (acceptance rate)", ylim=(0, 1.05),
              title="acceptance rate")
     ax_s.set(xlabel="gamma (drafted tokens per step)", ylabel="speedup over plain decoding",
              title="speedup: predicted (dashed) and measured (solid)")
@@ -237,7 +238,7 @@ def plot_acceptance_bars(alpha_by_method: dict):
                     ha="center", fontsize=9)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names)
-    ax.set(ylim=(0, 1.1), ylabel="alpha = accepted / drafted", title="acceptance rate per proposer")
+    ax.set(ylim=(0, 1.1), ylabel="alpha (acceptance rate)", title="acceptance rate per proposer")
     ax.grid(alpha=0.3, axis="y")
     return finish(fig)
 
@@ -370,3 +371,36 @@ def draw_medusa_tree(tokens, parents, mask, labels=None, accepted=None):
     ax_m.set(xlabel="key node j", ylabel="query node i", title="tree attention mask: j is i or an ancestor of i")
     ax_m.title.set_fontsize(10)
     return finish(fig)
+
+
+def plot_pass_cost(cost: dict, title: str = ""):
+    """cost: {n new tokens scored in one forward: seconds}. Time relative to n = 1, against n (ideal: flat)."""
+    ns = sorted(cost)
+    base = cost[ns[0]]
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.plot(ns, [cost[n] / base for n in ns], "o-", label="one forward over n tokens")
+    ax.plot(ns, [n / ns[0] for n in ns], ":", color="gray", label="n separate one-token forwards")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("tokens scored in one target forward (gamma + 1)")
+    ax.set_ylabel("time / one-token forward")
+    ax.set_title(title or "scoring several tokens costs little more than one")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_exactness(p, counts, labels=None):
+    """p (V,) the target distribution; counts (V,) how often verification emitted each token. Bars side by side."""
+    p = np.asarray(p, dtype=float)
+    counts = np.array([float(c) for c in counts])
+    freq = counts / max(counts.sum(), 1.0)
+    x = np.arange(len(p))
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(x - 0.2, p, 0.4, label="p (target)")
+    ax.bar(x + 0.2, freq, 0.4, label="emitted by speculative sampling")
+    ax.set_xticks(x, labels if labels is not None else [str(i) for i in x])
+    ax.set_ylabel("probability")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return fig
