@@ -6,7 +6,8 @@ Workload: held-out prompts (windows of the packaged val_slice.txt, BOS + 63 toke
 after another, the latency case speculation is for); then the best proposer at larger batches.
 
 Measured per configuration, from the engine's own trace and counters (notation: p target, q draft):
-    t1     the plain run's median decode step: the target's one-token step, engine included
+    t1     the plain run's mean decode step: the target's one-token step, engine included (means throughout,
+           so that t1, r and the measured ratio of summed step times are the same kind of number)
     alpha  mean over examined draft slots of sum_x min(p, q) (greedy: [x == argmax p])
     c      draft time per drafted token / t1
     r      mean (speculative step - its drafting) / t1: the target's forward over k + 1 tokens plus verification
@@ -62,13 +63,13 @@ def run_once(model, tok, prompts, temperature: float, max_tokens: int, spec=None
     outs = llm.generate(prompts, params)
     wall = time.perf_counter() - t0
     dec = [s for s in eng.trace.steps if s.kind == "decode"]
-    return {"wall": wall, "decode_seconds": sum(s.seconds for s in dec), "step_median": statistics.median(s.seconds for s in dec),
+    return {"wall": wall, "decode_seconds": sum(s.seconds for s in dec), "step_mean": statistics.mean(s.seconds for s in dec),
             "tokens": sum(len(o.outputs[0].token_ids) for o in outs), "outputs": [o.outputs[0].token_ids for o in outs],
             "steps": dec, "stats": dict(eng.spec_stats)}
 
 
 def analyse(label: str, gamma: int, run: dict, plain: dict) -> dict:
-    st, t1 = run["stats"], plain["step_median"]
+    st, t1 = run["stats"], plain["step_mean"]
     alpha = st["alpha_sum"] / st["examined"] if st["examined"] else 0.0
     ks = [len(e["drafted"]) for s in run["steps"] for e in s.spec]                       # drafts per sequence-step
     k_mean = sum(ks) / max(len(ks), 1)
@@ -94,7 +95,7 @@ def bench_spec(model: str = "shakespeare", tokenizer=None, prompts: int = 32, ma
     rows, plains = [], {}
     for T in temperatures:
         plain = plains[T] = run_once(net, tok, ps, T, max_tokens)
-        log(f"T={T:g}: plain decode step {plain['step_median'] * 1e3:.2f} ms, {plain['tokens'] / plain['wall']:.0f} tok/s")
+        log(f"T={T:g}: plain decode step {plain['step_mean'] * 1e3:.2f} ms, {plain['tokens'] / plain['wall']:.0f} tok/s")
         for label, spec, gammas in configs or CONFIGS:
             if spec["method"] == "medusa" and T > 0:
                 continue                                             # Medusa is built greedy-only
@@ -114,7 +115,7 @@ def bench_spec(model: str = "shakespeare", tokenizer=None, prompts: int = 32, ma
                       "spec_tok_s": sp["tokens"] / sp["decode_seconds"], "speedup": plain["decode_seconds"] / sp["decode_seconds"]})
         log(f"  batch {b}: {best['proposer']} gamma {best['gamma']} at T={T:g}: {sweep[-1]['speedup']:.2f}x")
     return {"bench": "spec", "model": str(model), "prompts": prompts, "prompt_tokens": len(ps[0]), "max_tokens": max_tokens,
-            "threads": torch.get_num_threads(), "t1_ms": {str(T): p["step_median"] * 1e3 for T, p in plains.items()},
+            "threads": torch.get_num_threads(), "t1_ms": {str(T): p["step_mean"] * 1e3 for T, p in plains.items()},
             "rows": rows, "best": {k: best[k] for k in ("proposer", "gamma", "temperature", "measured", "wall_speedup")},
             "batch_sweep": sweep,
             "goals": {"within_15pct": all(abs(r["measured"] / r["predicted_k"] - 1) <= 0.15 for r in rows),

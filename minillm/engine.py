@@ -44,6 +44,9 @@ def _refuse_unbuilt(config: EngineConfig):
         if config.batching != "continuous":
             raise ValueError(f"speculative decoding needs batching='continuous' (each sequence advances by its own "
                              f"number of tokens per step), got batching={config.batching!r}")
+        if config.enable_chunked_prefill:
+            raise ValueError("speculative decoding does not combine with enable_chunked_prefill=True here: verification "
+                             "rows run in decode-only steps, and chunked steps mix prompts with decodes")
         if spec.method == "medusa" and config.quantization:
             raise ValueError("speculative method 'medusa' reads the target's float hidden states; it does not combine "
                              f"with quantization={config.quantization!r}")
@@ -123,9 +126,9 @@ class LLMEngine:
         return MedusaProposer.for_target(model, spec, cfg.max_model_len)
 
     def _draft_len(self, seq: Sequence) -> int:
-        """Tokens to draft for seq this step: gamma, fewer near max_tokens (verification emits up to k + 1)
-        or max_model_len (the k drafts are written at positions len(seq) .. len(seq) + k - 1)."""
-        return max(0, min(self.spec.gamma, seq.params.max_tokens - len(seq.output_ids) - 1,
+        """Tokens to draft for seq this step: gamma, fewer near max_tokens (no draft past the last token the
+        request wants) or max_model_len (the k drafts are written at positions len(seq) .. len(seq) + k - 1)."""
+        return max(0, min(self.spec.gamma, seq.params.max_tokens - len(seq.output_ids),
                           self.config.max_model_len - len(seq)))
 
     def _lookahead(self, seq: Sequence) -> int:
@@ -243,7 +246,7 @@ class LLMEngine:
         token; the rest is rolled back (the scheduler frees blocks only rejected drafts used)."""
         seqs, clock = batch.seqs, self.clock
         self.kv.copy_blocks(batch.copies)
-        ks = [self._draft_len(s) for s in seqs]
+        ks = [self._draft_len(s) if batch.lookahead.get(s.seq_id, 0) else 0 for s in seqs]  # 0: no room this step
         t0 = clock()
         proposals = self.proposer.propose(seqs, ks)         # [(drafted ids, q (k, V) or None)]; Medusa: trees
         t1 = clock()
@@ -267,7 +270,6 @@ class LLMEngine:
             events.append((s, draft, n, len(s.output_ids)))
             st["rows"] += 1
             st["drafted"] += len(draft)
-            st["accepted"] += n
             st["examined"] += len(terms)
             st["alpha_sum"] += sum(terms)
         st["steps"] += 1
@@ -275,13 +277,14 @@ class LLMEngine:
         st["verify_seconds"] += t2 - t1
         memory = self._memory(batch) if self.trace.enabled else None
         self.scheduler.update(batch, emitted, self._check_finished)
-        self.proposer.gc({s.seq_id for s in self.scheduler.running})
+        self.proposer.gc({s.seq_id for s in self.scheduler.running}, {s.seq_id for s in self.scheduler.swapped})
         spec = []
         for s, draft, n, before in events:
-            out = s.output_ids[before:]
+            out = s.output_ids[before:]                     # cut where the sequence stopped
             st["emitted"] += len(out)
+            st["accepted"] += min(n, len(out))
             spec.append({"seq_id": s.seq_id, "request_id": s.request_id, "index": s.index, "drafted": list(draft),
-                         "accepted": n, "emitted": list(out)})
+                         "accepted": min(n, len(out)), "emitted": list(out)})
         n_out = sum(len(e["emitted"]) for e in spec)
         self._record(batch, 0, n_out, ["decode"] * len(seqs), [], start, memory, spec=spec,
                      draft_seconds=t1 - t0, verify_seconds=t2 - t1)
@@ -313,6 +316,8 @@ class LLMEngine:
                 if child.is_finished:  # aborted while waiting
                     continue
                 self.block_manager.fork(parent, child)
+                if self.proposer is not None:
+                    self.proposer.fork(parent, child)
                 child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
                 self.scheduler.add_running(child)
                 batch.add(child, parent.num_computed, len(child))

@@ -8,8 +8,7 @@
     Medusa          see minillm.medusa (heads on the target's own hidden state, a candidate tree).
 
 A proposal for one sequence is (tokens, q): the drafted ids and q (k, V) float, or None for one-hot.
-Every proposer also has drop(seq) (free what it holds for a sequence) and rollback(seq, valid) (only
-the first `valid` tokens of seq stand; anything computed past them is stale).
+Every proposer also has the hooks of Proposer below, which the engine calls as sequences change.
 """
 from __future__ import annotations
 
@@ -40,7 +39,23 @@ def ngram_lookup(tokens: list[int], k: int, ngram_max: int = 3, ngram_min: int =
     return []
 
 
-class NgramProposer:
+class Proposer:
+    """The hooks, and what a stateless proposer does with them: nothing."""
+
+    def rollback(self, seq: Sequence, valid: int):
+        """Only the first `valid` tokens of seq stand; anything computed past them is stale."""
+
+    def drop(self, seq: Sequence):
+        """seq is gone (aborted): free what is held for it."""
+
+    def fork(self, parent: Sequence, child: Sequence):
+        """child is a new sample sharing parent's prefix (n > 1)."""
+
+    def gc(self, running: set, swapped: set):
+        """After a step: free what is held for sequences no longer running (swapped ones may come back)."""
+
+
+class NgramProposer(Proposer):
     def __init__(self, gamma: int, ngram_max: int = 3, ngram_min: int = 1):
         self.gamma, self.ngram_max, self.ngram_min = gamma, ngram_max, ngram_min
 
@@ -48,20 +63,13 @@ class NgramProposer:
         return [(ngram_lookup(s.token_ids, k, self.ngram_max, self.ngram_min) if k else [], None)
                 for s, k in zip(seqs, ks)]
 
-    def rollback(self, seq: Sequence, valid: int):
-        pass
 
-    def drop(self, seq: Sequence):
-        pass
-
-    def gc(self, alive):
-        pass
-
-
-class DraftProposer:
+class DraftProposer(Proposer):
     """The draft model keeps a shadow of each speculating sequence (same tokens, its own block table in
     its own pool) and decodes k tokens ahead, k rounds of one batched forward (the first round also
-    catches up on the tokens the target accepted since the last step)."""
+    catches up on the tokens the target accepted since the last step). Its pool is sized for every running
+    token plus each sequence's drafts; where samples or prefix-cache hits share the target's blocks the
+    copies do not, and a sequence the draft pool cannot hold this step drafts nothing (it decodes plainly)."""
 
     def __init__(self, draft, num_blocks: int, block_size: int, kv_dtype=torch.float32, backend: str = "torch"):
         self.model = draft
@@ -80,7 +88,18 @@ class DraftProposer:
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[tuple]:
         out = [([], [] if not s.params.greedy else None) for s in seqs]
-        active = [(b, s, self._shadow(s)) for b, (s, k) in enumerate(zip(seqs, ks)) if k > 0]
+        ks, free, active = list(ks), self.blocks.num_free, []
+        for b, (s, k) in enumerate(zip(seqs, ks)):
+            if k == 0:
+                continue
+            sh = self._shadow(s)
+            need = self.blocks.blocks_needed(sh, len(sh) + k - 1)      # it computes positions up to len + k - 2
+            if need > free:                                           # no room: no drafts for it this step
+                self.drop(s)
+                ks[b] = 0
+                continue
+            free -= need
+            active.append((b, s, sh))
         for j in range(max(ks, default=0)):
             rows = [(b, s, sh) for b, s, sh in active if ks[b] > j]
             batch = ScheduledBatch("decode")
@@ -112,9 +131,10 @@ class DraftProposer:
         if sh is not None:
             self.blocks.free_seq(sh)
 
-    def gc(self, alive):
-        """Free the shadows of sequences no longer running (finished, aborted, preempted)."""
-        for seq_id in [i for i in self.shadows if i not in alive]:
+    def gc(self, running: set, swapped: set):
+        """Free the shadows of sequences no longer running (finished, aborted, preempted, swapped: a shadow is
+        cheap to rebuild, and its blocks are better used by the sequences that run)."""
+        for seq_id in [i for i in self.shadows if i not in running]:
             self.blocks.free_seq(self.shadows.pop(seq_id))
 
 
@@ -147,7 +167,7 @@ def load_draft(spec_model, target, tokenizer, dtype: str, seed: int):
     return draft.eval()
 
 
-class MedusaProposer:
+class MedusaProposer(Proposer):
     """Medusa (Cai et al. 2024): K heads on the target's own last hidden state guess the tokens 2..K+1
     ahead; their top candidates form a tree (minillm.medusa.build_tree) that the target verifies in one
     forward through a tree attention mask. Greedy only: the longest path the target agrees with is kept,
@@ -212,12 +232,13 @@ class MedusaProposer:
         chain = [tree.tokens[a] for a in path] + ([tree.tokens[refused]] if refused is not None else [])
         return chain, len(path), [tree.tokens[a] for a in path] + [nxt[last]], [1.0] * len(path) + [0.0] * (refused is not None)
 
-    def rollback(self, seq: Sequence, valid: int):
-        pass
-
     def drop(self, seq: Sequence):
         self.hidden.pop(seq.seq_id, None)
 
-    def gc(self, alive):
-        for seq_id in [i for i in self.hidden if i not in alive]:
+    def fork(self, parent: Sequence, child: Sequence):
+        self.hidden[child.seq_id] = self.hidden[parent.seq_id]       # the same prefix, the same hidden state
+
+    def gc(self, running: set, swapped: set):
+        """Keep swapped sequences' states: they resume decoding without a new prefill to refresh them."""
+        for seq_id in [i for i in self.hidden if i not in running and i not in swapped]:
             del self.hidden[seq_id]

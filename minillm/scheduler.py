@@ -35,6 +35,7 @@ class ScheduledBatch:
     copies: list = field(default_factory=list)   # (src, dst) block copies to make first (copy-on-write)
     swap_in: list = field(default_factory=list)  # (swap block, device block) pairs to bring back, first of all
     swap_out: list = field(default_factory=list) # (device block, swap block) pairs to save, before the copies
+    lookahead: dict = field(default_factory=dict) # seq_id -> draft slots reserved past its next token (speculative)
 
     def add(self, seq: Sequence, start: int, end: int | None = None):
         self.seqs.append(seq)
@@ -162,9 +163,14 @@ class Scheduler:
     def _schedule_decode(self) -> ScheduledBatch:
         batch = ScheduledBatch("decode")
         for seq in list(self.running):
-            end = len(seq) + self.lookahead(seq)
-            if seq.status is Status.RUNNING and self._ensure_slot(batch, seq, len(seq) - 1, end):
+            if seq.status is not Status.RUNNING:
+                continue
+            extra = self.lookahead(seq)
+            if extra and self.block_manager.write_cost(seq, len(seq) - 1, len(seq) + extra) > self.block_manager.num_free:
+                extra = 0       # no room for drafts: this sequence decodes plainly rather than preempting another
+            if self._ensure_slot(batch, seq, len(seq) - 1, len(seq) + extra):
                 batch.add(seq, len(seq) - 1)
+                batch.lookahead[seq.seq_id] = extra
         batch.padding = list(self.padding)
         return batch
 
