@@ -197,6 +197,14 @@ def bench_serve(model: str, tokenizer=None, n: int = 64, rate: float = 50.0, kv_
             "max_num_seqs": max_num_seqs, "workload": workload, "runs": res, "ratios": ratios}
 
 
+def _write_json(res: dict, path) -> int:
+    """--json: the bench's whole result, as printed, for plots and CI. -> the exit code 0."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m minillm bench")
     sub = ap.add_subparsers(dest="what", required=True)
@@ -262,19 +270,13 @@ def main(argv: list[str]) -> int:
             print(f"{label:<32}" + "".join(f"{r[c]:>16.4g}" for c in cols))
         for k, v in res["ratios"].items():
             print(f"{k}: {v:.1%}" if "waste" in k else f"{k}: {v:.2f}")
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=2)
-        return 0
+        return _write_json(res, a.json)
     if a.what == "quant":
         from .bench_quant import bench_quant, print_table
         steps, batch, repeats, windows = (8, 4, 1, 4) if a.quick else (a.steps, a.batch, a.repeats, a.windows)
         res = bench_quant(a.model, a.tokenizer, steps, batch, repeats, windows)
         print_table(res)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=2)
-        return 0
+        return _write_json(res, a.json)
     if a.what == "spec":
         from .bench_spec import QUICK, bench_spec, print_table
         if a.quick:
@@ -282,10 +284,7 @@ def main(argv: list[str]) -> int:
         else:
             res = bench_spec(a.model, a.tokenizer, a.prompts, a.max_tokens)
         print_table(res)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=2)
-        return 0
+        return _write_json(res, a.json)
     if a.what == "batched":
         batch, steps, repeats = (4, 16, 1) if a.quick else (a.batch, a.steps, a.repeats)
         res = bench_batched(a.model, a.tokenizer, batch, steps, repeats, a.runc)
@@ -294,10 +293,7 @@ def main(argv: list[str]) -> int:
               f"shapes ({res['torch_matmul_flop_s'] / 1e9:.2f} GFLOP/s)")
         if a.runc:
             print(f"run.c (batch 1): {res['runc_tok_s_median']:.0f} tok/s median; batched / run.c = {res['batched_over_runc']:.1f}x")
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=2)
-        return 0
+        return _write_json(res, a.json)
     steps, repeats = (64, 3) if a.quick else (a.steps, a.repeats)
     res = bench_decode(a.model, a.tokenizer, steps, repeats, a.threads, a.backend, a.runc, a.prompt)
     print(f"decode {res['model']} ({a.backend}): {res['tok_s_median']:.1f} tok/s median over {repeats} runs of {res['steps']} "
@@ -307,7 +303,4 @@ def main(argv: list[str]) -> int:
     if a.runc:
         print(f"run.c: {res['runc_tok_s_median']:.1f} tok/s median (min {min(res['runc_tok_s_all']):.1f}, max "
               f"{max(res['runc_tok_s_all']):.1f}); {a.backend} / run.c = {res['over_runc']:.2f}x")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
-    return 0
+    return _write_json(res, a.json)
