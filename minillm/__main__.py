@@ -5,6 +5,17 @@ import argparse
 import sys
 
 
+BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def parse_bool(value: str) -> bool:
+    """true/false/1/0/yes/no, any case. Anything else is refused: `--enable-prefix-caching maybe` must not
+    quietly mean False."""
+    if value.lower() not in BOOLS:
+        raise argparse.ArgumentTypeError(f"expected true/false/1/0/yes/no, got {value!r}")
+    return BOOLS[value.lower()]
+
+
 def engine_flags(ap: argparse.ArgumentParser):
     """Every EngineConfig option as --name-with-dashes (dict-valued ones take JSON)."""
     import json
@@ -16,7 +27,7 @@ def engine_flags(ap: argparse.ArgumentParser):
             continue
         flag, default = "--" + f.name.replace("_", "-"), f.default if f.default is not MISSING else None
         if isinstance(default, bool):
-            ap.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=default, metavar="BOOL")
+            ap.add_argument(flag, type=parse_bool, default=default, metavar="BOOL")
         elif f.name in ("quant_config", "speculative"):
             ap.add_argument(flag, type=json.loads, default=None, metavar="JSON")
         elif f.name in ("kv_cache_bytes", "max_model_len", "max_num_batched_tokens"):
@@ -45,54 +56,54 @@ def generate_main(argv: list[str]) -> int:
     s.add_argument("--ignore-eos", action="store_true")
     engine_flags(ap.add_argument_group("engine (EngineConfig; --seed is the engine's)"))
     a = ap.parse_args(argv)
-    try:
-        params = SamplingParams(n=a.n, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.sampling_seed,
-                                max_tokens=a.max_tokens, stop=a.stop, stop_token_ids=a.stop_token_ids, ignore_eos=a.ignore_eos)
-        options = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if f.name != "tokenizer"}
-        llm = LLM(a.model, tokenizer=a.tokenizer, **options)
-        outs = llm.generate(a.prompt, params)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    params = SamplingParams(n=a.n, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.sampling_seed,
+                            max_tokens=a.max_tokens, stop=a.stop, stop_token_ids=a.stop_token_ids, ignore_eos=a.ignore_eos)
+    options = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if f.name != "tokenizer"}
+    llm = LLM(a.model, tokenizer=a.tokenizer, **options)
+    outs = llm.generate(a.prompt, params)
     for out in outs:
         for c in out.outputs:
             print((out.prompt or "") + c.text)
     return 0
 
 
+COMMANDS = ("generate", "run", "bench", "train", "ship", "student")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"generate": generate_main, "run": None, "bench": None, "train": None, "ship": None, "student": None}
-    if not argv or argv[0] not in commands:
-        print("usage: python -m minillm {generate,run,bench,student} ...\n"
+    if not argv or argv[0] not in COMMANDS:
+        print("usage: python -m minillm {generate,run,bench,train,ship,student} ...\n"
               "  generate  --model M --prompt P [sampling flags]   text through the engine (LLM.generate)\n"
               "  run       CKPT -z TOK -t T -p P -s SEED -n STEPS -i PROMPT   llama2.c run.c, byte for byte\n"
               "  bench     decode --model M [--quick] [--json F]   benchmarks\n"
-              "  train     --preset P --out DIR [--teacher T.bin] [--resume]   train or distil a model\n"
+              "  train     --preset P --out DIR [--teacher T.bin] [--resume | --force]   train or distil a model\n"
               "  ship      --target DIR --draft DIR --data DIR   evaluate runs, package them with a model card\n"
               "  student   SRC DST   notebooks with the exercise solutions removed", file=sys.stderr)
         return 1
     cmd, rest = argv[0], argv[1:]
+    try:
+        return _command(cmd)(rest)
+    except (ValueError, FileNotFoundError, TypeError) as e:  # a user's mistake: one line, no traceback, exit 2
+        print("error: " + " ".join(str(e).split("\n")), file=sys.stderr)
+        return 2
+
+
+def _command(cmd: str):
+    """The subcommand's main(argv) -> exit code, imported only when asked for (bench pulls in a lot)."""
     if cmd == "generate":
-        return generate_main(rest)
+        return generate_main
     if cmd == "run":
-        from .runc import main as run_main
-        try:
-            return run_main(rest)
-        except (ValueError, FileNotFoundError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    if cmd == "bench":
-        from .bench import main as bench_main
-        return bench_main(rest)
-    if cmd == "ship":
-        from .ship import main as ship_main
-        return ship_main(rest)
-    if cmd == "train":
-        from .train import main as train_main
-        return train_main(rest)
-    from .student import main as student_main
-    return student_main(rest)
+        from .runc import main
+    elif cmd == "bench":
+        from .bench import main
+    elif cmd == "ship":
+        from .ship import main
+    elif cmd == "train":
+        from .train import main
+    else:
+        from .student import main
+    return main
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
     """Batch-1 greedy decode tok/s through `python -m minillm run`'s loop on this backend (compile time and
     warm-up excluded), beside llama2.c's run.c on the same file when `runc` names a binary you built
     (each run.c run its own process, alternated with ours)."""
-    from .model_runner import backend_model
+    from .backends import backend_model
     net, tok = load(model, tokenizer)
     net = backend_model(net, backend)
     if threads:

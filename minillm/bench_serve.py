@@ -41,7 +41,7 @@ def replay(model, tokenizer, workload: list[Request], label: str = "", return_en
     """Serve `workload` on a fresh engine with these EngineConfig options -> ServeResult
     (with return_engine=True: (ServeResult, the engine, for its trace, and the finished RequestOutputs))."""
     clock = SkipClock()
-    engine = LLMEngine(model, tokenizer, EngineConfig(**options), clock=clock)
+    engine = LLMEngine.from_model(model, tokenizer, EngineConfig(**options), clock=clock)
     pending = sorted(workload, key=lambda r: r.arrival)
     outs, i = [], 0
     while i < len(pending) or engine.has_unfinished_requests():

@@ -12,10 +12,23 @@ room; the model reads the block tables it fills; the engine performs the copies 
   evicted least-recently-used only when a fresh block is needed.
 - Swap (swap_blocks > 0): a second pool standing for host memory; swap_out moves a sequence's blocks
   there and frees the device blocks, swap_in brings them back; both return the (src, dst) pairs.
+
+The interface the scheduler uses (a replacement implements these; tests/test_seams.py plugs in a minimal one):
+    num_blocks, block_size, num_free                 counters
+    can_allocate(seq, n) / allocate_prompt(seq)      room for a prompt / take it (-> tokens found in the cache)
+    write_cost(seq, start, end) / prepare_write(...) blocks that writing positions start..end-1 takes / take them,
+                                                     copying shared blocks first (-> [(src, dst)] copy-on-write)
+    fork(parent, child), free_seq(seq)               share all of a sequence's blocks / give them back
+    truncate(seq, n)                                 keep only the blocks n tokens need (speculative rollback)
+    mark_computed(seq)                               full computed blocks become reusable prefixes (may do nothing)
+    can_swap_out, swap_out, swap_in, free_swap       only with swap_blocks > 0 (preemption_mode="swap")
 """
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
+from typing import Optional
 
 from .sequence import Sequence
 
@@ -48,13 +61,22 @@ class BlockManager:
     def num_cached(self) -> int:
         return len(self.evictable)
 
+    def is_cached(self, b: int) -> bool:
+        """Does block b hold a named (reusable) prefix?"""
+        return self.block_hash[b] is not None
+
     # ------------------------------------------------------------------ hashing
     @staticmethod
-    def chain_hash(parent, tokens) -> int:
-        """Name of a full block: its parent's name and its tokens (ints hash the same in every process)."""
-        return hash((parent, tuple(tokens)))
+    def chain_hash(parent: Optional[bytes], tokens) -> bytes:
+        """Name of a full block: SHA-256 of its parent's name and its token ids, so equal prefixes get equal names
+        and a block's name depends on every token before it. A cryptographic hash, as vLLM uses since
+        CVE-2025-25183: with Python's hash() a user could craft a prompt whose blocks collide with another
+        user's prefix and be served that user's K/V."""
+        h = hashlib.sha256(parent if parent is not None else b"root")
+        h.update(array("q", tokens).tobytes())
+        return h.digest()
 
-    def _full_block_hashes(self, token_ids: list[int]) -> list[int]:
+    def _full_block_hashes(self, token_ids: list[int]) -> list[bytes]:
         hashes, parent, bs = [], None, self.block_size
         for i in range(len(token_ids) // bs):
             parent = self.chain_hash(parent, token_ids[i * bs:(i + 1) * bs])

@@ -1,12 +1,69 @@
 """Configuration dataclasses: the model's shape (ModelConfig) and the engine's options (EngineConfig).
 
 Config is plain data: derived fields are computed in __post_init__, mistakes are caught there with a
-message that names the value (gpt-fast `ModelArgs`, nano-vllm `Config`).
+message that names the value (gpt-fast `ModelArgs`, nano-vllm `Config`). The value checks below are
+shared with SamplingParams, so every option is refused the same way: `Owner.field must be ..., got value`.
 """
 from __future__ import annotations
 
+import math
+import numbers
+import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+
+# ---------------------------------------------------------------------------- value checks
+def _is_int(value) -> bool:
+    """An integer, numpy's included, but not a bool: bool subclasses int, so True would pass as 1."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_int(owner: str, name: str, value, minimum: int = 1, maximum: Optional[int] = None,
+               what: Optional[str] = None) -> int:
+    """value as a plain int, if it is an integer in [minimum, maximum); else a ValueError naming owner.name."""
+    if _is_int(value) and value >= minimum and (maximum is None or value < maximum):
+        return int(value)
+    what = what or ("a positive integer" if minimum == 1 else f"an integer >= {minimum}")
+    raise ValueError(f"{owner}.{name} must be {what}, got {value!r}")
+
+
+def _check_real(owner: str, name: str, value, what: str, ok: Callable[[float], bool] = lambda x: x >= 0) -> float:
+    """value as a float, if it is a finite real number (int or float, not a bool, NaN or inf) passing ok."""
+    x = math.nan
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            x = float(value)
+        except OverflowError:   # an int too large for a float
+            x = math.inf
+    if math.isfinite(x) and ok(x):
+        return x
+    raise ValueError(f"{owner}.{name} must be {what}, got {value!r}")
+
+
+def _check_bool(owner: str, name: str, value) -> bool:
+    """True or False only: a truthy string such as "false" must not switch a feature on."""
+    if value is True or value is False:
+        return value
+    raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
+
+
+def _check_list(owner: str, name: str, value, ok: Callable[[Any], bool], what: str) -> list:
+    """None (-> []) or a list or tuple whose every item passes ok (-> a new list)."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)) and all(ok(v) for v in value):
+        return list(value)
+    raise ValueError(f"{owner}.{name} must be {what}, got {value!r}")
+
+
+def _physical_memory() -> Optional[int]:
+    """Bytes of RAM, or None where os.sysconf cannot tell (it does not exist on Windows)."""
+    try:
+        page, pages = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return page * pages if page > 0 and pages > 0 else None
 
 
 @dataclass
@@ -117,14 +174,44 @@ class EngineConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
-        positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len,
-                    "kv_cache_bytes": self.kv_cache_bytes, "max_num_batched_tokens": self.max_num_batched_tokens}
-        for name, value in positive.items():
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("batch_window_s", "swap_bytes"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"EngineConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        E = "EngineConfig"
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "trace"):
+            _check_bool(E, name, getattr(self, name))
+        minimum = dict(block_size=1, max_num_seqs=1, max_model_len=1, kv_cache_bytes=1, max_num_batched_tokens=1,
+                       swap_bytes=0, seed=0)
+        for name, low in minimum.items():       # the three that may be None are filled from the model or a default
+            value = getattr(self, name)
+            if value is not None or name not in ("max_model_len", "kv_cache_bytes", "max_num_batched_tokens"):
+                setattr(self, name, _check_int(E, name, value, low))
+        # finite: with batching='dynamic' an infinite window would keep a short batch waiting forever
+        self.batch_window_s = _check_real(E, "batch_window_s", self.batch_window_s, "a finite number of seconds >= 0")
+        if self.tokenizer is not None and not isinstance(self.tokenizer, str):
+            raise ValueError(f"EngineConfig.tokenizer must be None or a path (str), got {self.tokenizer!r}")
+        if self.quant_config is not None and not isinstance(self.quant_config, dict):
+            raise ValueError(f"EngineConfig.quant_config must be None or a dict, got {self.quant_config!r}")
+        if self.speculative is not None and not isinstance(self.speculative, dict):
+            from .speculative import SpeculativeConfig    # imports torch: only when it might be one
+            if not isinstance(self.speculative, SpeculativeConfig):
+                raise ValueError(f"EngineConfig.speculative must be None or a dict with a 'method', got {self.speculative!r}")
+
+        # Options that contradict each other are refused, not silently ignored.
+        if self.enable_chunked_prefill and self.batching != "continuous":
+            raise ValueError(f"EngineConfig.enable_chunked_prefill=True needs batching='continuous' (a static or dynamic "
+                             f"batch prefills whole prompts together), got batching={self.batching!r}")
+        if self.max_num_batched_tokens is not None and not self.enable_chunked_prefill:
+            raise ValueError(f"EngineConfig.max_num_batched_tokens={self.max_num_batched_tokens} is chunked prefill's "
+                             f"per-step token budget: it needs enable_chunked_prefill=True")
+        if self.quant_config is not None and self.quantization is None:
+            raise ValueError(f"EngineConfig.quant_config={self.quant_config!r} configures a quantization scheme, "
+                             f"but quantization=None: name one of {choices['quantization'][1:]}")
+        if self.swap_bytes and self.preemption_mode == "recompute":
+            raise ValueError(f"EngineConfig.swap_bytes={self.swap_bytes} is swap space that preemption_mode='recompute' "
+                             f"never uses: set preemption_mode='swap' or swap_bytes=0")
+        # (preemption_mode='swap' with too little swap_bytes is refused by LLMEngine, which knows a block's size.)
+        total = _physical_memory()
+        if self.kv_cache_bytes is not None and total is not None and self.kv_cache_bytes > total:
+            raise ValueError(f"EngineConfig.kv_cache_bytes={self.kv_cache_bytes} is more than this machine's physical "
+                             f"memory, {total} bytes ({total / 2**30:.1f} GiB)")
 
     def with_model(self, model_config: ModelConfig) -> "EngineConfig":
         """Fill in what depends on the model: max_model_len defaults to (and may not exceed) its context."""

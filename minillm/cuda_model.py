@@ -51,10 +51,13 @@ class CudaTransformer(nn.Module):
         self.emb, self.norm, self.wcls = on(model.tok_embeddings.weight), on(model.norm.weight), on(model.output.weight)
         self.cos, self.sin = on(model.rope_cos), on(model.rope_sin)                 # (S, D/2) float32
 
-    def forward(self, tokens, positions=None, kv=None, attn=None, last_index=None):
-        """As Transformer.forward with a KV cache: tokens, positions (B, T) -> logits (B, 1, V) on the CPU."""
+    def forward(self, tokens, positions, kv=None, attn=None, rows=None, return_hidden: bool = False):
+        """The serving interface of Transformer.forward: tokens, positions (B, T) -> logits (N, V) on the CPU at the
+        flat token indices `rows` (default: each row's last token). No hidden states, no tree mask (as numba)."""
         if kv is None or attn is None:
             raise ValueError("backend='cuda' serves from the KV cache: pass kv and AttentionMetadata")
+        if return_hidden or attn.tree_mask is not None:
+            raise ValueError("backend='cuda' computes no hidden states and no tree attention (see minillm.backends)")
         cfg, dev = self.config, self.device
         B, T = tokens.shape
         if int(positions.max()) >= cfg.max_seq_len:
@@ -84,6 +87,6 @@ class CudaTransformer(nn.Module):
             out = matmul_cuda(h, w["w2"])                                           # (R, C)
             nxt = self.layers[l + 1]["att_norm"] if l + 1 < len(self.layers) else self.norm
             xb = add_rmsnorm_cuda(out, x, nxt, eps)                                 # x += mlp; next norm
-        last = torch.arange(B) * T + (T - 1 if last_index is None else torch.as_tensor(last_index))  # (B,)
-        logits = matmul_cuda(xb[last.to(dev)].contiguous(), self.wcls)              # (B, V)
-        return logits.cpu()[:, None]                                                # (B, 1, V)
+        last = torch.arange(B) * T + T - 1 if rows is None else torch.as_tensor(rows)  # (N,) rows wanted
+        logits = matmul_cuda(xb[last.to(dev)].contiguous(), self.wcls)              # (N, V)
+        return logits.cpu()                                                         # (N, V)

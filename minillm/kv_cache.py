@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
+from .config import EngineConfig, ModelConfig
+
+DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not given
 
 
 class KVCache:
@@ -52,6 +54,21 @@ class KVCache:
             raise ValueError(f"kv_cache_bytes={kv_cache_bytes} holds no block: one block of {block_size} tokens "
                              f"needs {per_block} bytes")
         return cls(cfg, num_blocks, block_size, dtype, device)
+
+    @classmethod
+    def for_engine(cls, cfg: ModelConfig, config: EngineConfig, dtype=torch.float32, device="cpu") -> "KVCache":
+        """The engine's pool: kv_cache_bytes, or by default room for max_num_seqs full-length sequences capped at
+        DEFAULT_KV_CAP (preemption handles the rest), never less than one full-length sequence."""
+        bs, per_token = config.block_size, cls.bytes_per_token(cfg, dtype)   # scales included for int8
+        need = -(-config.max_model_len // bs) * bs * per_token
+        kv_bytes = config.kv_cache_bytes
+        if kv_bytes is None:
+            kv_bytes = max(need, min(config.max_num_seqs * need, DEFAULT_KV_CAP))
+        if kv_bytes < need:
+            raise ValueError(f"the KV cache gets {kv_bytes:,} bytes but one sequence of max_model_len="
+                             f"{config.max_model_len} needs {need:,} ({per_token:,} bytes per token): raise "
+                             f"kv_cache_bytes or lower max_model_len")
+        return cls.from_bytes(cfg, kv_bytes, bs, dtype, device)
 
     @property
     def nbytes(self) -> int:

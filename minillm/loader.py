@@ -5,7 +5,7 @@
   - "random:<preset>" (e.g. "random:tiny", "random:stories15M"): a randomly initialised model of a
     named shape with a BPE tokenizer trained on the packaged Hamlet excerpt (for experiments before,
     or without, trained weights; its text is gibberish by design);
-  - a llama2.c v0 `.bin` file (tokenizer: `tokenizer=` or a `tokenizer.bin` beside it);
+  - a llama2.c `.bin` file, v0 or runq.c's Q8_0 version 2 (tokenizer: `tokenizer=` or a `tokenizer.bin` beside it);
   - a Hugging Face Llama directory (config.json + model.safetensors + tokenizer.json).
 """
 from __future__ import annotations
@@ -21,11 +21,9 @@ from .checkpoint import load_bin
 from .config import PRESETS, ModelConfig
 from .hf import HFTokenizer, is_hf_dir, load_hf
 from .model import Transformer
+from .paths import MODELS_DIR, PACKAGE_DIR, SAMPLE_TEXT  # noqa: F401 - re-exported: `from .loader import MODELS_DIR`
+from .runq import is_runq, load_runq
 from .tokenizer import Tokenizer
-
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-MODELS_DIR = os.path.join(PACKAGE_DIR, "models")
-SAMPLE_TEXT = os.path.join(PACKAGE_DIR, "data", "sample.txt")
 
 # name -> (checkpoint file, tokenizer file), relative to minillm/models (see MODEL_CARD.md there)
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -59,6 +57,27 @@ def random_model(preset: str, seed: int = 0, **overrides) -> tuple[Transformer, 
     return Transformer(cfg).init_weights(seed).eval(), sample_tokenizer(cfg.vocab_size)
 
 
+def load_checkpoint(path) -> Transformer:
+    """A llama2.c .bin of either kind: runq.c's Q8_0 version 2 (magic 'ak42') or the legacy v0 run.c reads.
+    Sniffing lives here, above both readers, so checkpoint.py need not import runq.py (an import circle)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return load_runq(path) if is_runq(path) else load_bin(path)
+
+
+def _check_types(model, tokenizer):
+    """A wrong type fails here, by name, rather than as an AttributeError or TypeError deep in a reader."""
+    if not isinstance(model, (str, os.PathLike, Transformer)):
+        raise ValueError(f"model= must be a registered name, 'random:<preset>', a path to a .bin file or a HF "
+                         f"directory (str or os.PathLike), or a Transformer; got {type(model).__name__}: {model!r:.80}")
+    is_tokenizer = all(hasattr(tokenizer, a) for a in ("encode", "decode", "vocab_size"))
+    if not (tokenizer is None or isinstance(tokenizer, (str, os.PathLike)) or is_tokenizer):
+        raise ValueError(f"tokenizer= must be None, a path to a tokenizer.bin / tokenizer.json / HF directory (str or "
+                         f"os.PathLike), or a tokenizer object (encode, decode, vocab_size); "
+                         f"got {type(tokenizer).__name__}: {tokenizer!r:.80}")
+
+
 def load_tokenizer(path, vocab_size: int | None = None):
     if os.path.isdir(path) or str(path).endswith(".json"):
         return HFTokenizer(path)
@@ -67,6 +86,9 @@ def load_tokenizer(path, vocab_size: int | None = None):
 
 def load(model, tokenizer=None, dtype: str = "float32", seed: int = 0):
     """-> (Transformer in eval mode, tokenizer). Errors name what was looked for and what exists."""
+    _check_types(model, tokenizer)
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     if isinstance(model, Transformer):
         if tokenizer is None:
             raise ValueError("a Transformer object needs tokenizer= (a Tokenizer or a tokenizer.bin path)")
@@ -79,13 +101,13 @@ def load(model, tokenizer=None, dtype: str = "float32", seed: int = 0):
         path = os.path.join(MODELS_DIR, ck)
         if not os.path.exists(path):
             raise FileNotFoundError(f"model {model!r} is registered but its file is missing: {path}")
-        net = load_bin(path)
+        net = load_checkpoint(path)
         tokenizer = tokenizer if tokenizer is not None else os.path.join(MODELS_DIR, tk)
     elif is_hf_dir(model):
         net = load_hf(model)
         tokenizer = tokenizer if tokenizer is not None else model
     elif os.path.isfile(model):
-        net = load_bin(model)
+        net = load_checkpoint(model)
         if tokenizer is None:
             tokenizer = os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
             if not os.path.exists(tokenizer):

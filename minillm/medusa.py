@@ -166,7 +166,8 @@ def load_medusa(path, target) -> MedusaHeads:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"Medusa heads file not found: {path}")
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     if len(data) < HEADER.size + FINGERPRINT.size:
         raise ValueError(f"{path}: {len(data)} bytes is shorter than the Medusa header "
                          f"({HEADER.size + FINGERPRINT.size} bytes): truncated or not a heads file")
@@ -188,6 +189,13 @@ def load_medusa(path, target) -> MedusaHeads:
     if not math.isclose(checksum, mine, rel_tol=CHECKSUM_RTOL):
         raise ValueError(f"Medusa heads in {path} were trained for a model with classifier checksum {checksum:.6g}, "
                          f"this model has {mine:.6g}: same shape, other weights")
+    # The heads' own fields, apart from the fingerprint: a file whose heads do not fit the target would
+    # otherwise load and then fail inside every engine step.
+    if (C, V) != (cfg.dim, cfg.vocab_size):
+        raise ValueError(f"{path}: its header says heads of dim={C}, vocab_size={V}; the target has dim={cfg.dim}, "
+                         f"vocab_size={cfg.vocab_size}")
+    if K < 1:
+        raise ValueError(f"{path}: its header says num_heads={K}; a heads file holds at least 1")
     want = HEADER.size + FINGERPRINT.size + 4 * K * (C * C + C)
     if len(data) != want:
         raise ValueError(f"{path}: expected {want} bytes for {K} heads of dim={C}, found {len(data)}: "

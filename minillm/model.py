@@ -22,6 +22,9 @@ from .config import ModelConfig
 from .kv_cache import KVCache
 
 
+ROPE_ROWS = 2048  # RoPE table rows built up front (more on demand, up to max_seq_len)
+
+
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), as run.c's rmsnorm."""
 
@@ -131,9 +134,22 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.shared_classifier:
             self.output.weight = self.tok_embeddings.weight  # weight tying, as llama2.c's small models
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)  # (S, D/2), float64 until .to(dtype)
-        self.register_buffer("rope_sin", sin, persistent=False)  # (S, D/2)
+        # RoPE tables for the positions in use, grown on demand (a header may claim a context of 10^7: its full
+        # tables would be gigabytes); a row depends only on its position, so growing never changes a value
+        cos, sin = rope_tables(cfg.head_dim, min(cfg.max_seq_len, ROPE_ROWS), cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (S', D/2), float64 until .to(dtype)
+        self.register_buffer("rope_sin", sin, persistent=False)  # (S', D/2)
+
+    def ensure_rope(self, n: int):
+        """RoPE tables for positions 0 .. n - 1 (n <= max_seq_len), computed as rope_tables does, in the tables'
+        dtype. The numba and CUDA backends copy the tables once, for max_model_len positions."""
+        have, n = self.rope_cos.shape[0], min(n, self.config.max_seq_len)
+        if n > have:
+            n = min(max(n, 2 * have), self.config.max_seq_len)
+            with torch.inference_mode(False):                    # plain tensors: training may use them later
+                cos, sin = rope_tables(self.config.head_dim, n, self.config.rope_theta)
+                self.rope_cos = cos.to(self.rope_cos.dtype, copy=True).to(self.rope_cos.device)
+                self.rope_sin = sin.to(self.rope_sin.dtype, copy=True).to(self.rope_sin.device)
 
     def init_weights(self, seed: int = 0, std: float = 0.02):
         """GPT-2 style init (llama2.c's model.py): N(0, 0.02), residual projections scaled by 1/sqrt(2L)."""
@@ -148,12 +164,14 @@ class Transformer(nn.Module):
         return self
 
     def forward(self, tokens, positions=None, kv: Optional[KVCache] = None, attn: Optional[AttentionMetadata] = None,
-                last_index=None, return_hidden: bool = False):
+                last_index=None, return_hidden: bool = False, rows=None):
         """tokens: (B, T) int64; positions: (B, T) int64, default 0..T-1 -> logits (B, T, V).
         last_index (B,): only the logits at these token indices -> (B, 1, V); the classifier is the
         biggest matmul of a small model, and serving needs one row per sequence.
-        return_hidden: also return the final-normed hidden states h (B, T or 1, C), logits = output(h)
-        (what Medusa heads read)."""
+        rows (N,): flat indices into the B*T tokens: only these rows' logits -> (N, V). This is the serving
+        backends' interface (minillm.model_runner): torch, numba and CUDA forwards all take it.
+        return_hidden: also return the final-normed hidden states h (B, T or 1, C), or (N, C) with rows,
+        logits = output(h) (what Medusa heads read)."""
         B, T = tokens.shape
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(B, T)  # (B, T)
@@ -162,12 +180,15 @@ class Transformer(nn.Module):
         limit = self.config.max_seq_len
         if int(positions.max()) >= limit:
             raise ValueError(f"position {int(positions.max())} is beyond the model's context max_seq_len={limit}")
+        self.ensure_rope(int(positions.max()) + 1)
         x = self.drop(self.tok_embeddings(tokens))                     # (B, T, C)
         cos = self.rope_cos[positions].to(x.dtype)                     # (B, T, D/2)
         sin = self.rope_sin[positions].to(x.dtype)                     # (B, T, D/2)
         for layer in self.layers:
             x = layer(x, cos, sin, kv, attn)                           # (B, T, C)
-        if last_index is not None:
+        if rows is not None:
+            x = x.reshape(B * T, -1)[rows]                             # (N, C)
+        elif last_index is not None:
             x = x[torch.arange(B), last_index][:, None]                # (B, 1, C)
         h = self.norm(x)                                               # (B, T, C)
         return (self.output(h), h) if return_hidden else self.output(h)  # (B, T, V)

@@ -1,108 +1,131 @@
-"""Turns a ScheduledBatch into tensors, runs the model over the KV pool, returns next-token logits."""
+"""The model runner: one input builder from a ScheduledBatch (+ drafts) to tensors, one forward per group of rows.
+
+Every row contributes its own tokens (positions start .. end - 1) and its drafts after them, all written to
+their cache slots and read back through the block table. The backend (the torch Transformer, or its numba or
+CUDA twin: the same forward signature) returns logits only for the rows asked for: on a row that reaches its
+sequence's newest token, the newest token and every draft (1 + k rows); none for a partial prompt chunk.
+
+    tokens (B, T)  positions (B, T) RoPE positions  attn: slot_mapping (B, T), block_tables (B, M), context_lens (B,),
+    positions (B, T) cache positions (a draft tree's nodes sit in consecutive slots but at RoPE position base + depth),
+    tree_mask (B, T, T)  ->  logits (N, V) [, hidden (N, C)] at the flat token indices rows (N,)
+
+Rows are run in two groups, short (decodes, with their drafts) and long (prompts and chunks), so a decode is
+not padded to a prompt's length; the cache is shared, the rows independent.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from .attention import AttentionMetadata
-from .kv_cache import KVCache
-from .model import Transformer
-from .scheduler import ScheduledBatch
+from .batch import Draft, Row, ScheduledBatch
+from .kv_cache import KVCache, SwapSpace
 
 
-def backend_model(model: Transformer, backend: str):
-    """The module that runs the forward for this backend: the torch model itself, or its numba or CUDA
-    twin built on the same weights (imported only when asked for: they compile on first use)."""
-    if backend == "numba":
-        from .numba_model import NumbaTransformer
-        return NumbaTransformer(model)
-    if backend == "cuda":
-        from .cuda_model import CudaTransformer
-        return CudaTransformer(model)
-    return model
+@dataclass
+class RunnerOutput:
+    logits: list                    # per row: (n, V) at its newest token and each draft, or None
+    hidden: Optional[list] = None   # per row: (n, C) the final-normed hidden states there (when asked for)
+
+
+@dataclass
+class Query:
+    tokens: list        # the row's new tokens: its own, then its drafts
+    slots_at: list      # each one's cache position
+    rope_at: list       # each one's RoPE position
+    mask: object        # (n, n) bool who sees whom among them, or None (causal)
+    wanted: list        # indices whose logits are asked for
+
+
+def build_query(row: Row, draft: Optional[Draft]) -> Query:
+    seq, k = row.seq, len(draft) if draft else 0
+    m = row.end - row.start
+    own = [seq.token_at(row.start)] if m == 1 else seq.token_ids[row.start:row.end]
+    tokens = own + (list(draft.tokens) if draft else [])
+    rope_at = list(range(row.start, row.end)) + [row.end - 1 + draft.depth(i) for i in range(k)]
+    mask = None
+    if draft is not None and not draft.is_chain:
+        mask = torch.ones(m + k, m + k, dtype=torch.bool).tril()           # (n, n) own tokens: causal
+        mask[m:, m:] = False
+        for i in range(k):                                                  # a node sees its ancestors only
+            mask[m + i, [m + a for a in draft.ancestors(i)]] = True
+    wanted = list(range(m - 1, m + k)) if row.completes else ([m - 1] if not row.writes else [])
+    return Query(tokens, list(range(row.start, row.end + k)), rope_at, mask, wanted)
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, kv: KVCache, keep_hidden: bool = False):
-        self.model, self.kv = model, kv
-        self.keep_hidden = keep_hidden   # Medusa: run() also leaves each row's final hidden state in .hidden
-        self.hidden = None               # (B, C) after run() with keep_hidden
+    def __init__(self, model, kv: KVCache, swap: Optional[SwapSpace] = None, hidden: bool = False):
+        self.model, self.kv, self.swap = model, kv, swap
+        self.hidden = hidden        # also return hidden states (a proposer reads them: Medusa)
 
-    @staticmethod
-    def rows(batch: ScheduledBatch) -> list:
-        """(sequence, start, end, writes) per row: the scheduled sequences, then a static batch's padding.
-        A static batch's finished sequences ride along as padding rows: they recompute their last
-        written position (a real row of compute, as in FasterTransformer) and write nothing."""
-        rows = [(s, st, e, True) for s, st, e in zip(batch.seqs, batch.starts, batch.ends)]
-        return rows + [(s, len(s) - 2, len(s) - 1, False) for s in batch.padding]
-
-    def prepare(self, rows: list):
-        """Right-padded (B, T) tokens and positions for these rows; padding gets slot -1 so it is never written."""
-        lens = [e - st for _, st, e, _ in rows]
-        B, T = len(rows), max(lens)
-        M = max(len(s.block_table) for s, *_ in rows)
-        tokens = torch.zeros(B, T, dtype=torch.long)                    # (B, T)
-        positions = torch.zeros(B, T, dtype=torch.long)                 # (B, T)
-        valid = torch.zeros(B, T, dtype=torch.bool)                     # (B, T)
-        tables = torch.zeros(B, M, dtype=torch.long)                    # (B, M)
-        for b, ((s, st, e, writes), n) in enumerate(zip(rows, lens)):
-            tokens[b, :n] = s.token_at(st) if n == 1 else torch.tensor(s.token_ids[st:e])
-            positions[b, :n] = torch.arange(st, e)
-            valid[b, :n] = writes
-            tables[b, :len(s.block_table)] = torch.tensor(s.block_table)
-        context_lens = torch.tensor([e for _, _, e, _ in rows])          # (B,)
-        attn = AttentionMetadata.build(positions, tables, context_lens, self.kv.block_size, valid)
-        last = torch.tensor(lens) - 1                                    # (B,) index of each row's last token
-        return tokens, positions, attn, last
+    def move_blocks(self, batch: ScheduledBatch):
+        """The block moves the scheduler decided: swaps first (a swap-in may read a swap block that a swap-out of
+        this step then reuses; a device block a swap-out frees may be written by this step), then copy-on-write."""
+        if self.swap is not None:
+            self.swap.swap_in(self.kv, batch.swap_in)
+            self.swap.swap_out(self.kv, batch.swap_out)
+        self.kv.copy_blocks(batch.copies)
+        batch.moved = True
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch):
-        """-> logits (B, V) for the token after each sequence's last scheduled token (padding rows dropped).
-        A mixed step (prompt chunks beside one-token decodes) runs as two calls, decodes and chunks, so
-        the decode rows are not padded to the chunks' length; the cache is shared, the rows independent."""
-        rows = self.rows(batch)
-        one = [i for i, (_, st, e, _) in enumerate(rows) if e - st == 1]            # decodes (and padding)
-        chunks = [i for i, (_, st, e, _) in enumerate(rows) if e - st > 1]         # prompts or their chunks
-        out, hid = [None] * len(rows), [None] * len(rows)
-        for group in (g for g in (one, chunks) if g):
-            tokens, positions, attn, last = self.prepare([rows[i] for i in group])
-            res = self.model(tokens, positions, self.kv, attn, last_index=last, **self._hidden_arg())
-            logits, h = res if self.keep_hidden else (res, None)                   # (len(group), 1, V), (.., 1, C)
-            for j, i in enumerate(group):
-                out[i], hid[i] = logits[j, 0], (h[j, 0] if h is not None else None)
-        n = len(batch.seqs)
-        self.hidden = torch.stack(hid[:n]) if self.keep_hidden else None            # (B, C)
-        return torch.stack(out[:n]).float()                                        # (B, V)
+    def run(self, batch: ScheduledBatch, drafts: Optional[list] = None) -> RunnerOutput:
+        drafts = drafts or [None] * len(batch.rows)
+        queries = [build_query(r, d) for r, d in zip(batch.rows, drafts)]
+        out = RunnerOutput([None] * len(queries), [None] * len(queries) if self.hidden else None)
+        short = [i for i, r in enumerate(batch.rows) if not r.prefill]
+        for group in (short, [i for i, r in enumerate(batch.rows) if r.prefill]):
+            if group:
+                self._forward([batch.rows[i] for i in group], [queries[i] for i in group], group, out)
+        return out
 
-    def _hidden_arg(self) -> dict:
-        return {"return_hidden": True} if self.keep_hidden else {}
-
-    @torch.inference_mode()
-    def score(self, seqs: list, new_tokens: list, depths: list | None = None, tree_masks: list | None = None):
-        """Speculative verification: one forward that writes and scores several new tokens per sequence.
-        new_tokens[b] = [seq's last token, x_1, ..., x_k] go into the cache slots of positions L-1 .. L-1+k
-        (L = len(seq)), whose blocks the scheduler reserved. A chain by default; for a Medusa tree, depths[b]
-        (k+1,) gives each node's RoPE position L-1+depth and tree_masks[b] (k+1, k+1) who sees whom.
-        -> logits (B, T, V) at every new token (float32); .hidden (B, T, C) with keep_hidden."""
-        lens = [len(t) for t in new_tokens]
-        B, T, M = len(seqs), max(lens), max(len(s.block_table) for s in seqs)
+    def _forward(self, rows: list, queries: list, index: list, out: RunnerOutput):
+        B, T = len(rows), max(len(q.tokens) for q in queries)
+        M = max(len(r.seq.block_table) for r in rows)
         tokens = torch.zeros(B, T, dtype=torch.long)                    # (B, T)
-        slots_at = torch.zeros(B, T, dtype=torch.long)                  # (B, T) cache position of each new token
-        rope_at = torch.zeros(B, T, dtype=torch.long)                   # (B, T) its RoPE position
-        valid = torch.zeros(B, T, dtype=torch.bool)                     # (B, T)
+        slots_at = torch.zeros(B, T, dtype=torch.long)                  # (B, T) cache positions
+        rope_at = torch.zeros(B, T, dtype=torch.long)                   # (B, T) RoPE positions
+        valid = torch.zeros(B, T, dtype=torch.bool)                     # (B, T) written to the cache
         tables = torch.zeros(B, M, dtype=torch.long)                    # (B, M)
-        mask = torch.zeros(B, T, T, dtype=torch.bool) if tree_masks else None  # (B, T, T)
-        for b, (s, toks, n) in enumerate(zip(seqs, new_tokens, lens)):
-            base = len(s) - 1
-            tokens[b, :n] = torch.tensor(toks)
-            slots_at[b, :n] = torch.arange(base, base + n)
-            rope_at[b, :n] = base + (torch.tensor(depths[b]) if depths else torch.arange(n))
-            valid[b, :n] = True
-            tables[b, :len(s.block_table)] = torch.tensor(s.block_table)
-            if mask is not None:
-                mask[b, :n, :n] = torch.as_tensor(tree_masks[b])
-        context_lens = torch.tensor([len(s) - 1 + n for s, n in zip(seqs, lens)])   # (B,)
+        trees = any(q.mask is not None for q in queries)
+        mask = torch.ones(B, T, T, dtype=torch.bool) if trees else None  # (B, T, T)
+        select = []
+        for b, (r, q) in enumerate(zip(rows, queries)):
+            n = len(q.tokens)
+            tokens[b, :n] = torch.tensor(q.tokens)
+            slots_at[b, :n] = torch.tensor(q.slots_at)
+            rope_at[b, :n] = torch.tensor(q.rope_at)
+            valid[b, :n] = r.writes
+            tables[b, :len(r.seq.block_table)] = torch.tensor(r.seq.block_table)
+            if q.mask is not None:
+                mask[b, :n, :n] = q.mask
+            select += [b * T + j for j in q.wanted]
+        context_lens = torch.tensor([r.start + len(q.tokens) for r, q in zip(rows, queries)])   # (B,)
         attn = AttentionMetadata.build(slots_at, tables, context_lens, self.kv.block_size, valid)
         attn.tree_mask = mask
-        res = self.model(tokens, rope_at, self.kv, attn, **self._hidden_arg())
-        logits, self.hidden = res if self.keep_hidden else (res, None)             # (B, T, V), (B, T, C)
-        return logits.float()
+        res = self.model(tokens, rope_at, self.kv, attn, rows=torch.tensor(select, dtype=torch.long),
+                         **({"return_hidden": True} if self.hidden else {}))
+        logits, hidden = res if self.hidden else (res, None)            # (N, V), (N, C)
+        at = 0
+        for i, q in zip(index, queries):
+            if q.wanted:
+                out.logits[i] = logits[at:at + len(q.wanted)]
+                if hidden is not None:
+                    out.hidden[i] = hidden[at:at + len(q.wanted)]
+            at += len(q.wanted)
+
+    def commit(self, batch: ScheduledBatch, drafts: list, verdicts: list):
+        """A draft tree's accepted path sits in scattered slots (node i at position end + i): move it into the
+        consecutive positions end, end + 1, ... that the sequence now claims (Medusa). Chains need nothing."""
+        src, dst, bs = [], [], self.kv.block_size
+        for row, d, v in zip(batch.rows, drafts or [], verdicts):
+            if d is None or d.is_chain or not v.path:
+                continue
+            table = row.seq.block_table
+            slot = lambda p: table[p // bs] * bs + p % bs               # noqa: E731
+            for j, i in enumerate(v.path):
+                if i != j:
+                    src.append(slot(row.end + i))
+                    dst.append(slot(row.end + j))
+        self.kv.move_slots(src, dst)

@@ -98,19 +98,24 @@ class NumbaTransformer(nn.Module):
             w13=stack(lambda b: torch.cat([b.feed_forward.w1.weight, b.feed_forward.w3.weight])),
             w2=stack(lambda b: b.feed_forward.w2.weight), rms_final=model.norm.weight.detach().numpy(),
             wcls=model.output.weight.detach().numpy(),
-            cos=model.rope_cos.float().numpy(), sin=model.rope_sin.float().numpy())
+            cos=model.rope_cos.float().numpy(), sin=model.rope_sin.float().numpy())   # (S, D/2) ensure_rope'd
         self.compiled_seconds, self.compiled_calls = 0.0, 0     # time inside forward_rows (bench's profile)
 
-    def forward(self, tokens, positions=None, kv=None, attn=None, last_index=None):
-        """As Transformer.forward with a KV cache: tokens, positions (B, T) -> logits (B, 1, V) at
-        last_index (default: each row's last token)."""
+    def forward(self, tokens, positions, kv=None, attn=None, rows=None, return_hidden: bool = False):
+        """The serving interface of Transformer.forward: tokens, positions (B, T) -> logits (N, V) at the flat
+        token indices `rows` (default: each row's last token). Each query token attends to the cached positions
+        0 .. its own, so chains of new tokens (prompt chunks, speculative drafts) are fine; a tree mask (RoPE
+        positions that differ from cache slots) and hidden states are not built here (the capability table in
+        minillm.backends refuses what needs them)."""
         if kv is None or attn is None:
             raise ValueError("backend='numba' serves from the KV cache: pass kv and AttentionMetadata")
+        if return_hidden or attn.tree_mask is not None:
+            raise ValueError("backend='numba' computes no hidden states and no tree attention (see minillm.backends)")
         B, T = tokens.shape
         limit = self.config.max_seq_len
         if int(positions.max()) >= limit:
             raise ValueError(f"position {int(positions.max())} is beyond the model's context max_seq_len={limit}")
-        last = np.arange(B) * T + (T - 1 if last_index is None else np.asarray(last_index))  # (B,) rows wanted
+        last = np.arange(B) * T + T - 1 if rows is None else np.asarray(rows, dtype=np.int64)  # (N,) rows wanted
         tables = attn.block_tables.numpy()                                       # (B, M)
         if T > 1:
             tables = np.repeat(tables, T, axis=0)                                # (B*T, M) each row's sequence's
@@ -126,4 +131,4 @@ class NumbaTransformer(nn.Module):
             self.compiled_calls += 1
         finally:
             torch.set_num_threads(threads)
-        return torch.from_numpy(logits)[:, None]                                 # (B, 1, V)
+        return torch.from_numpy(logits)                                          # (N, V)

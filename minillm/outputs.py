@@ -12,8 +12,9 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list
-    finish_reason: Optional[str]   # "stop", "length" or None while running
+    finish_reason: Optional[str]   # "stop", "length", "abort", "error", or None while running
     stop_reason: object = None     # the stop string or token id, if one ended it
+    error: Optional[str] = None    # finish_reason "error": what went wrong (the other requests went on)
 
 
 @dataclass

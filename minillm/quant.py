@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .kernels.quant_gemv import int4_gemv_rows, int8_gemv_rows, quantize_int4, quantize_int8
+from .paths import SAMPLE_TEXT
 
 SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
 INT4_GROUPS = (32, 64, 128)
@@ -278,7 +279,6 @@ class AWQLinear(Int4Linear):
 
 def calibration_ids(tokenizer, tokens: int = 2048, T: int = 256) -> torch.Tensor:
     """Calibration text: the packaged Hamlet excerpt (training data, never the held-out plays) -> (B, T)."""
-    from .loader import SAMPLE_TEXT
     ids = tokenizer.encode(open(SAMPLE_TEXT, encoding="utf-8").read())[:tokens]
     n = len(ids) // T
     return torch.tensor(ids[:n * T]).view(n, T)

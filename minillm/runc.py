@@ -17,9 +17,9 @@ import time
 import torch
 
 from .attention import AttentionMetadata
-from .checkpoint import load_bin
 from .kv_cache import KVCache
-from .model_runner import backend_model
+from .loader import load_checkpoint
+from .backends import backend_model
 from .sampling import RunCSampler
 from .tokenizer import BOS, Tokenizer
 
@@ -31,7 +31,7 @@ def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, w
     cfg = model.config
     if steps <= 0 or steps > cfg.max_seq_len:
         steps = cfg.max_seq_len
-    prompt_ids = tokenizer.encode(prompt, bos=True, eos=False)
+    prompt_ids = tokenizer.encode(prompt, bos=True, eos=False, c_string=True)
     kv = KVCache(cfg, num_blocks=1, block_size=cfg.max_seq_len, dtype=next(model.parameters()).dtype,
                  device=getattr(model, "device", "cpu"))                  # backend='cuda': the pool on the GPU
     table = torch.zeros(1, 1, dtype=torch.long)                     # (B=1, M=1): the contiguous cache
@@ -40,7 +40,7 @@ def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, w
         while pos < steps:
             positions = torch.tensor([[pos]])                        # (1, 1)
             attn = AttentionMetadata(positions, table, torch.tensor([pos + 1]), positions)  # slot = pos
-            logits = model(torch.tensor([[token]]), positions, kv, attn)[0, -1]  # (V,)
+            logits = model(torch.tensor([[token]]), positions, kv, attn, rows=torch.tensor([0]))[0]  # (V,)
             nxt = prompt_ids[pos + 1] if pos < len(prompt_ids) - 1 else sampler(logits.float().numpy())
             pos += 1
             if nxt == BOS and stop_at_bos:
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     seed = int(opts["s"])
     if seed <= 0:
         seed = int(time.time())
-    model = load_bin(ckpt)
+    model = load_checkpoint(ckpt)
     try:
         model = backend_model(model, backend)
     except ValueError as e:          # e.g. backend='cuda' with no GPU

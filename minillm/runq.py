@@ -18,6 +18,7 @@ import struct
 import numpy as np
 import torch
 
+from .checkpoint import check_size, shape_fields
 from .config import ModelConfig
 from .model import Transformer
 from .quant import Q80Linear, q80_group_size, q80_quantize
@@ -29,9 +30,11 @@ _PER_LAYER = ["attention.wq", "attention.wk", "attention.wv", "attention.wo",
 
 
 def is_runq(path) -> bool:
+    """Whether `path` starts as a runq.c file does (magic 'ak42', version 2): how loader.load_checkpoint tells
+    it from a v0 .bin. Reads 8 bytes."""
     with open(path, "rb") as f:
-        head = f.read(4)
-    return len(head) == 4 and struct.unpack("<I", head)[0] == MAGIC
+        head = f.read(8)
+    return len(head) == 8 and struct.unpack("<Ii", head) == (MAGIC, VERSION)
 
 
 def save_runq(model: Transformer, path, group_size: int | None = None) -> dict:
@@ -64,30 +67,54 @@ def save_runq(model: Transformer, path, group_size: int | None = None) -> dict:
     return errors
 
 
-def load_runq(path) -> Transformer:
-    """Read a runq.c version-2 file: a Transformer with Q8_0 linears. Wrong magic, version or size raise."""
+def _tensors(cfg: ModelConfig, gs: int):
+    """The file's tensors after the header, their shapes as header fields (checkpoint.check_size's terms):
+    the norms in float32, then Q8_0 ones, each n int8 values and n / gs float32 scales."""
+    q80 = lambda n: n + 4 * (n // gs)
+    norms = [("rms_att", ("n_layers", "dim")), ("rms_ffn", ("n_layers", "dim")), ("rms_final", ("dim",))]
+    quantized = [("tok_emb", ("vocab_size", "dim")), ("wq", ("n_layers", "dim", "dim")), ("wk", ("n_layers", "kv_dim", "dim")),
+                 ("wv", ("n_layers", "kv_dim", "dim")), ("wo", ("n_layers", "dim", "dim")),
+                 ("w1", ("n_layers", "hidden_dim", "dim")), ("w2", ("n_layers", "dim", "hidden_dim")),
+                 ("w3", ("n_layers", "hidden_dim", "dim"))] + ([] if cfg.shared_classifier else [("wcls", ("vocab_size", "dim"))])
+    return norms + [(name, shape, q80) for name, shape in quantized]
+
+
+def read_runq_header(path) -> tuple[ModelConfig, int]:
+    """-> (config, group size) from the 256-byte header alone, checked against the file's size before the
+    file is read: a header that claims more than the file holds is refused without allocating its size."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    data = open(path, "rb").read()
-    if len(data) < HEADER_BYTES:
-        raise ValueError(f"{path}: {len(data)} bytes is shorter than runq.c's {HEADER_BYTES}-byte header")
-    magic, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, gs = _HEAD.unpack_from(data)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES:
+        raise ValueError(f"{path}: {size} bytes is shorter than runq.c's {HEADER_BYTES}-byte header")
+    magic, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, gs = _HEAD.unpack_from(head)
     if magic != MAGIC:
         raise ValueError(f"{path}: magic {magic:#010x} is not runq.c's {MAGIC:#010x} ('ak42')")
     if version != VERSION:
         raise ValueError(f"{path}: version {version}; runq.c reads version {VERSION} (Q8_0)")
-    cfg = ModelConfig(dim=dim, hidden_dim=hidden, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
-                      vocab_size=vocab, max_seq_len=seq_len, shared_classifier=bool(shared))
+    try:
+        cfg = ModelConfig(dim=dim, hidden_dim=hidden, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
+                          vocab_size=vocab, max_seq_len=seq_len, shared_classifier=bool(shared))
+    except ValueError as e:
+        raise ValueError(f"{path}: not a runq.c checkpoint, its header says {_HEAD.unpack_from(head)[2:]}: {e}") from None
     if gs < 1 or dim % gs or hidden % gs:
         raise ValueError(f"{path}: group size {gs} does not divide dim={dim} and hidden_dim={hidden}")
-    C, L, Hd, KV, V = dim, layers, hidden, cfg.kv_dim, vocab
+    check_size(path, size, shape_fields(cfg), _tensors(cfg, gs), HEADER_BYTES)
+    return cfg, gs
+
+
+def load_runq(path) -> Transformer:
+    """Read a runq.c version-2 file: a Transformer with Q8_0 linears. Wrong magic, version or size raise."""
+    path = os.fspath(path)
+    cfg, gs = read_runq_header(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    C, L, Hd, KV, V = cfg.dim, cfg.n_layers, cfg.hidden_dim, cfg.kv_dim, cfg.vocab_size
     shapes = {"attention.wq": (C, C), "attention.wk": (KV, C), "attention.wv": (KV, C), "attention.wo": (C, C),
               "feed_forward.w1": (Hd, C), "feed_forward.w2": (C, Hd), "feed_forward.w3": (Hd, C)}
-    want = HEADER_BYTES + 4 * (2 * L * C + C) + sum(
-        n * np.prod(sh) * (1 + 4 / gs) for n, sh in [(1, (V, C))] + [(L, s) for s in shapes.values()] + ([] if shared else [(1, (V, C))]))
-    if len(data) != int(want):
-        raise ValueError(f"{path}: expected {int(want)} bytes for the shape in its header, found {len(data)}")
     off = HEADER_BYTES
 
     def floats(n):
@@ -116,7 +143,7 @@ def load_runq(path) -> Transformer:
             for layer in model.layers:
                 parent, attr = _parent(layer, kind)
                 setattr(parent, attr, q80(shapes[kind]))
-        model.output = emb if shared else q80((V, C))
+        model.output = emb if cfg.shared_classifier else q80((V, C))
     return model.eval()
 
 

@@ -13,6 +13,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .config import _check_bool, _check_int, _check_list, _check_real, _is_int
+
 
 _SAMPLING_EPS = 1e-5
 
@@ -28,28 +30,29 @@ class SamplingParams:
     stop: Optional[list[str]] = None
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
+    # each fn(output_token_ids: list[int], logits (V,)) -> logits (V,), applied in order (vLLM v0's signature)
+    logits_processors: Optional[list] = None
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"SamplingParams.n must be an integer >= 1, got {self.n!r}")
-        if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"SamplingParams.stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**62):
-            raise ValueError(f"SamplingParams.seed must be None or an integer in [0, 2**62), got {self.seed!r}")
+        """Every field is type-checked here, so a bad value fails at the call, not mid-step in the engine
+        (True is an int to Python, and top_k=True would otherwise reach torch.topk)."""
+        S = "SamplingParams"
+        self.n = _check_int(S, "n", self.n, 1)
+        self.temperature = _check_real(S, "temperature", self.temperature, "a finite number >= 0")
+        self.top_k = _check_int(S, "top_k", self.top_k, 0, what="an integer >= 0 (0 disables it)")
+        self.top_p = _check_real(S, "top_p", self.top_p, "a number in (0, 1]", lambda p: 0 < p <= 1)
+        if self.seed is not None:
+            self.seed = _check_int(S, "seed", self.seed, 0, 2**62, what="None or an integer in [0, 2**62)")
+        self.max_tokens = _check_int(S, "max_tokens", self.max_tokens, 1)
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        self.stop = _check_list(S, "stop", stop, lambda s: isinstance(s, str) and s != "",
+                                "non-empty strings (a str, or a list or tuple of them)")
+        ids = _check_list(S, "stop_token_ids", self.stop_token_ids, lambda t: _is_int(t) and t >= 0,
+                          "a list or tuple of non-negative integers")
+        self.stop_token_ids = [int(t) for t in ids]
+        _check_bool(S, "ignore_eos", self.ignore_eos)
+        self.logits_processors = _check_list(S, "logits_processors", self.logits_processors, callable,
+                                             "a list or tuple of callables fn(output_token_ids, logits) -> logits")
 
     @property
     def greedy(self) -> bool:
@@ -73,6 +76,17 @@ def probs_from_logits(logits, temperature: float, top_k: int = 0, top_p: float =
         probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
         probs = probs / probs.sum()
     return probs
+
+
+def apply_processors(processors: list, token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+    """Run a request's logits processors in order: fn(generated token ids, logits (V,)) -> logits (V,)."""
+    for fn in processors:
+        out = fn(list(token_ids), logits)
+        if not isinstance(out, torch.Tensor) or out.shape != logits.shape:
+            raise ValueError(f"logits processor {getattr(fn, '__name__', fn)!r} must return a tensor of shape "
+                             f"{tuple(logits.shape)}, got {type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
+        logits = out
+    return logits
 
 
 def sample(logits, params: SamplingParams, generator: Optional[torch.Generator]) -> int:

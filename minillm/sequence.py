@@ -41,6 +41,7 @@ class Sequence:
         self.num_computed = 0         # tokens whose K/V are in the cache
         self.finish_reason: Optional[str] = None
         self.stop_reason = None       # the stop string or token id that ended it
+        self.error: Optional[str] = None  # finish_reason "error": what went wrong with this request
         self.text = ""                # decoded output, maintained by the engine
         self.text_bytes = b""         # its bytes (llama2.c tokenizers), extended one token per step
         self.generator = torch.Generator().manual_seed(seed)

@@ -1,19 +1,7 @@
-"""Speculative decoding: the configuration and the exact verification rule.
-
-Notation, fixed once (DESIGN.md rule 10): p is the TARGET's next-token distribution, q the DRAFT's
-(the proposer's), both taken after the request's temperature / top-k / top-p (sampling.probs_from_logits).
-gamma tokens x_1..x_gamma are drafted; one target forward scores all gamma + 1 positions, giving
-p_1..p_{gamma+1} (p_i is the target's distribution for the slot x_i was drafted into).
-
-Speculative sampling (Leviathan et al. 2023, Chen et al. 2023), for i = 1..gamma in order:
-    accept x_i with probability min(1, p_i(x_i) / q_i(x_i));
-    on the first rejection emit one token from norm(max(0, p_i - q_i)) (or from p_i if that residual
-    sums to 0) and stop;
-    if all gamma are accepted, emit a bonus token from p_{gamma+1}.
-Every emitted token is distributed exactly as the target alone would have sampled it: for one slot,
-P(emit y) = min(p(y), q(y)) + (1 - sum_x min(p, q)) * max(0, p(y) - q(y)) / sum_x max(0, p - q) = p(y).
-A proposer without a distribution (n-gram lookup) is the one-hot q = [x_i]: accept with p_i(x_i), and
-the residual is p_i with x_i removed. Greedy requests (temperature 0) accept while x_i == argmax p_i.
+"""Speculative decoding: its configuration (EngineConfig.speculative), the proposer it builds, and the speedup
+model. The engine's step is the same with or without it: a proposer drafts k tokens per decode row
+(minillm.proposer), the runner scores them in the same forward, and minillm.verify keeps what the exact
+acceptance rule keeps (the rule and its proof sketch are there; verify_sampled and friends are re-exported here).
 """
 from __future__ import annotations
 
@@ -23,10 +11,12 @@ from typing import Optional
 import torch
 
 from .acceptance import expected_tokens
+from .proposer import Proposer
+from .verify import residual, verify_greedy, verify_sampled
 
 METHODS = ("draft", "ngram", "medusa")
-__all__ = ["METHODS", "SpeculativeConfig", "verify_greedy", "verify_sampled", "residual", "expected_tokens",
-           "predicted_speedup"]
+__all__ = ["METHODS", "SpeculativeConfig", "make_proposer", "verify_greedy", "verify_sampled", "residual",
+           "expected_tokens", "predicted_speedup"]
 
 
 @dataclass
@@ -64,42 +54,22 @@ class SpeculativeConfig:
         return cfg
 
 
-def verify_greedy(target_next: list[int], draft: list[int]) -> int:
-    """How many drafted tokens a greedy target accepts: the longest prefix with draft[i] == target_next[i]
-    (target_next[i] = argmax p_{i+1}). The emitted tokens are draft[:n] + [target_next[n]]."""
-    n = 0
-    while n < len(draft) and draft[n] == target_next[n]:
-        n += 1
-    return n
-
-
-def residual(p_i: torch.Tensor, q_i: Optional[torch.Tensor], x: int) -> torch.Tensor:
-    """The distribution sampled after rejecting x: norm(max(0, p - q)), or p itself if that is all zero.
-    q_i None is the one-hot q = [x]. p_i, q_i: (V,) -> (V,)."""
-    if q_i is None:
-        r = p_i.clone()
-        r[x] = 0.0
-    else:
-        r = (p_i - q_i).clamp_min(0.0)
-    total = r.sum()
-    return r / total if total > 0 else p_i
-
-
-def verify_sampled(p: torch.Tensor, q: Optional[torch.Tensor], draft: list[int], generator) -> tuple[int, int]:
-    """Speculative sampling for one sequence. p (k + 1, V) target; q (k, V) draft, or None for a one-hot
-    proposer; draft: the k drafted ids. One uniform draw per examined slot, then one draw for the emitted
-    token, all from the sequence's own generator. -> (n accepted, the token emitted after them)."""
-    for i, x in enumerate(draft):
-        px = float(p[i, x])
-        qx = 1.0 if q is None else float(q[i, x])
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
-        if qx <= 0.0 or u >= min(1.0, px / qx):        # rejected (a token q could not draw is never accepted)
-            dist = residual(p[i], None if q is None else q[i], x)
-            return i, int(torch.multinomial(dist, 1, generator=generator))
-    return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=generator))
-
-
 def predicted_speedup(alpha: float, gamma: int, c: float, r: float) -> float:
     """E(alpha, gamma) / (gamma c + r): tokens per step over the step's cost in target decode steps, where
     c = one draft step / one target step and r = a target pass over gamma + 1 tokens / over 1 token."""
     return expected_tokens(alpha, gamma) / (gamma * c + r)
+
+
+def make_proposer(spec: "SpeculativeConfig", target, tokenizer, config, draft=None, heads=None) -> Proposer:
+    """The proposer a speculative config asks for, from parts prepared by minillm.parts (the loaded draft
+    model's forward, or the Medusa heads): the engine never opens a file."""
+    if spec.method == "ngram":
+        from .ngram_proposer import NgramProposer
+        return NgramProposer(spec.gamma, config.max_model_len, spec.ngram_max, spec.ngram_min)
+    if spec.method == "draft":
+        from .draft_proposer import DraftProposer
+        forward, draft_config, blocks, kv_dtype = draft
+        return DraftProposer(forward, draft_config, spec.gamma, config.max_model_len, blocks, config.block_size, kv_dtype)
+    from .medusa import DEFAULT_CHOICES
+    from .medusa_proposer import MedusaProposer
+    return MedusaProposer(heads, target.output.weight, spec.tree or DEFAULT_CHOICES, spec.gamma, config.max_model_len)

@@ -40,11 +40,16 @@ def main(argv: list[str]) -> int:
         print("usage: python -m minillm student SRC_DIR DST_DIR", file=sys.stderr)
         return 1
     src, dst = argv
+    if os.path.realpath(dst) == os.path.realpath(src):  # same folder, a "." or a link: the solutions would be lost
+        print(f"error: DST {dst} is the source folder {src}; the student edition would overwrite the notebooks "
+              f"with their solutions stripped: choose another DST", file=sys.stderr)
+        return 2
+    names = sorted(n for n in os.listdir(src) if n.endswith(".ipynb"))  # a missing SRC fails before DST is made
     os.makedirs(dst, exist_ok=True)
-    names = sorted(n for n in os.listdir(src) if n.endswith(".ipynb"))
     for name in names:
-        nb = json.load(open(os.path.join(src, name)))
-        with open(os.path.join(dst, name), "w") as f:
+        with open(os.path.join(src, name), encoding="utf-8") as f:
+            nb = json.load(f)
+        with open(os.path.join(dst, name), "w", encoding="utf-8") as f:
             json.dump(student_notebook(nb), f, indent=1, ensure_ascii=False)
             f.write("\n")
     print(f"wrote {len(names)} student notebooks to {dst}")

@@ -109,9 +109,12 @@ class Tokenizer:
             i = j
         return ids
 
-    def encode(self, text: str | bytes, bos: bool = True, eos: bool = False) -> list[int]:
+    def encode(self, text: str | bytes, bos: bool = True, eos: bool = False, c_string: bool = False) -> list[int]:
+        """c_string: stop at the first NUL, as run.c does (its prompt is a C string); `python -m minillm run` sets
+        it. Elsewhere a NUL is text like any other (the byte token <0x00>), never a silent end."""
         data = text.encode("utf-8", errors="surrogateescape") if isinstance(text, str) else bytes(text)
-        data = data.split(b"\0", 1)[0]  # run.c sees a C string: it ends at the first NUL
+        if c_string:
+            data = data.split(b"\0", 1)[0]
         ids = self._initial_tokens(data)
         if data:
             space = self.lookup.get(b" ")
@@ -187,3 +190,14 @@ class Tokenizer:
         """Text of ids. Special tokens are skipped; byte tokens are joined into UTF-8 before decoding,
         so a character split across byte tokens comes out whole; invalid bytes become U+FFFD."""
         return self.decode_bytes(ids, prev_token).decode("utf-8", errors="replace")
+
+
+def same_tokenizer(a, b) -> bool:
+    """Do two tokenizers map text to the same ids? llama2.c vocabularies: the same pieces in the same
+    order; others: the same size and the same ids for a probe text."""
+    if a is b:
+        return True
+    if hasattr(a, "pieces") and hasattr(b, "pieces"):
+        return a.pieces == b.pieces
+    probe = "To be, or not to be: that is the question.\n"
+    return type(a) is type(b) and a.vocab_size == b.vocab_size and a.encode(probe) == b.encode(probe)

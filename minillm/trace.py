@@ -1,7 +1,14 @@
-"""What happened, step by step, as plain data. The engine records; minillm.viz draws; tests read."""
+"""What happened, step by step, as plain data. The engine records; minillm.viz draws; tests read.
+
+The trace keeps the newest MAX_STEPS steps (about 1 KiB each; older ones are dropped and counted in
+`dropped`), so a long-running engine does not grow without bound. Counters of speculative decoding
+(`spec_stats`) are kept even with trace=False: benchmarks read them.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+MAX_STEPS = 20_000
 
 
 @dataclass
@@ -27,19 +34,92 @@ class StepRecord:
     verify_seconds: float = 0.0  # the target's one forward over the k + 1 positions
 
 
+def new_spec_stats() -> dict:
+    return {"steps": 0, "rows": 0, "drafted": 0, "accepted": 0, "emitted": 0, "examined": 0, "alpha_sum": 0.0,
+            "draft_seconds": 0.0, "verify_seconds": 0.0}
+
+
 @dataclass
 class Trace:
     enabled: bool = True
     steps: list = field(default_factory=list)
+    max_steps: int = MAX_STEPS
+    dropped: int = 0                                   # oldest steps dropped to stay within max_steps
+    spec_stats: dict = field(default_factory=new_spec_stats)
+    count: int = 0                                     # steps recorded so far (the next step's number)
 
     def record(self, rec: StepRecord):
         if self.enabled:
             self.steps.append(rec)
+            if len(self.steps) > self.max_steps:       # drop the oldest tenth at once: amortised O(1) a step
+                cut = max(1, self.max_steps // 10)
+                del self.steps[:cut]
+                self.dropped += cut
 
     def spec_events(self, request_id, index: int = 0) -> list[dict]:
         """One sequence's speculative steps in order: [{"drafted", "accepted", "emitted"}] (viz.spec_text_html)."""
         return [{k: e[k] for k in ("drafted", "accepted", "emitted")} for st in self.steps for e in st.spec
                 if e["request_id"] == str(request_id) and e["index"] == index]
+
+    # ------------------------------------------------------------------ the engine's bookkeeping
+    def before_update(self, batch, scheduler) -> dict:
+        """What the update is about to change: the KV memory as the model call left it (before finished sequences
+        give their blocks back) and each sequence's output length."""
+        pending = {"before": [len(r.seq.output_ids) for r in batch.rows]}
+        if not self.enabled:
+            return pending
+        bm, bs = scheduler.block_manager, scheduler.block_manager.block_size
+        written = {r.seq.seq_id: r.end + r.lookahead for r in batch.rows if r.writes}
+        fill = {}  # tokens written in each physical block (a shared block counts once)
+        for s in scheduler.running + scheduler.padding:
+            n = written.get(s.seq_id, s.num_computed)
+            for i, b in enumerate(s.block_table):
+                fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
+        return {**pending, "used": bm.num_blocks - bm.num_free, "free": bm.num_free, "filled": sum(fill.values())}
+
+    def after_update(self, batch, drafts, verdicts, pending: dict, times: list, block_bytes: int, block_size: int):
+        """times: clock at the step's start, after proposing, after the model call, now."""
+        start, t_draft, t_run, end = times
+        spec = []
+        for row, d, v, before in zip(batch.rows, drafts, verdicts, pending["before"]):
+            if row.lookahead and v.error is None:
+                spec.append((row, d, v, before))
+        if spec or any(r.lookahead for r in batch.rows):
+            self._count_spec(spec, t_draft - start, t_run - t_draft)
+        if self.enabled:
+            rows = [r for r in batch.rows if r.writes]
+            phases = ["prefill" if r.prefill else "decode" for r in rows] + ["fork"] * len(batch.forks)
+            decoded = sum(len(r.seq.output_ids) - b if r.lookahead else 1
+                          for r, b in zip(batch.rows, pending["before"]) if r.writes and not r.prefill)
+            self.record(StepRecord(
+                step=self.count, kind=batch.kind, seq_ids=[r.seq.seq_id for r in rows] + [c.seq_id for _, c in batch.forks],
+                phases=phases, padding_ids=[s.seq_id for s in batch.padding], num_prefill_tokens=batch.num_prefill_tokens,
+                num_decode_tokens=decoded, num_padding=len(batch.padding), blocks_used=pending["used"],
+                blocks_free=pending["free"], kv_bytes_used=pending["used"] * block_bytes,
+                kv_bytes_filled=pending["filled"] * block_bytes // block_size, start=start, seconds=end - start,
+                spec=[self._spec_entry(r, v, b) for r, _, v, b in spec],
+                draft_seconds=t_draft - start, verify_seconds=t_run - t_draft))
+        self.count += 1
+
+    @staticmethod
+    def _spec_entry(row, v, before) -> dict:
+        out = row.seq.output_ids[before:]                  # cut where the sequence stopped
+        return {"seq_id": row.seq.seq_id, "request_id": row.seq.request_id, "index": row.seq.index,
+                "drafted": list(v.drafted), "accepted": min(v.accepted, len(out)), "emitted": list(out)}
+
+    def _count_spec(self, spec: list, draft_seconds: float, verify_seconds: float):
+        st = self.spec_stats
+        st["steps"] += 1
+        st["draft_seconds"] += draft_seconds
+        st["verify_seconds"] += verify_seconds
+        for row, _, v, before in spec:
+            emitted = len(row.seq.output_ids) - before
+            st["rows"] += 1
+            st["drafted"] += len(v.drafted)
+            st["examined"] += len(v.terms)
+            st["alpha_sum"] += sum(v.terms)
+            st["emitted"] += emitted
+            st["accepted"] += min(v.accepted, emitted)
 
 
 @dataclass
@@ -51,3 +131,17 @@ class BlockSnapshot:
     owners: list
     filled: list
     cached: list
+
+
+def block_snapshot(scheduler) -> BlockSnapshot:
+    """Who holds which physical block right now, as plain data for minillm.viz's block map."""
+    bm = scheduler.block_manager
+    bs = bm.block_size
+    owners = [[] for _ in range(bm.num_blocks)]
+    filled = [0] * bm.num_blocks
+    for s in scheduler.running + scheduler.padding:
+        for i, b in enumerate(s.block_table):
+            owners[b].append(s.seq_id)
+            filled[b] = max(filled[b], min(bs, max(0, s.num_computed - i * bs)))
+    cached = [bool(getattr(bm, "is_cached", lambda b: False)(b)) for b in range(bm.num_blocks)]
+    return BlockSnapshot(bm.num_blocks, bs, owners, filled, cached)

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -128,6 +129,29 @@ def _optimizer(model: Transformer, tc: TrainConfig):
                               {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
 
 
+STATE_KEYS = ("model", "optimizer", "numpy_rng", "torch_rng", "step", "best", "bad", "seconds", "tokens")
+
+
+def load_state(path) -> dict:
+    """state.pt, unpickled with weights_only=True: a state file is data, and one planted in a run folder must not
+    run code, which torch.load's full unpickler does for whatever callable the pickle names. What train() saves
+    is all tensors and plain values (numpy's RNG state is a dict of str and int), so it loads this way."""
+    try:
+        st = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        line = next((l for l in str(e).splitlines() if "WeightsUnpickler error:" in l), str(e))  # torch's own reason
+        why = line.split("WeightsUnpickler error:")[-1].split(" Please use")[0].strip()[:200]
+        raise ValueError(f"{path}: refusing to unpickle it: it holds objects other than tensors and plain values, "
+                         f"which torch.load(weights_only=True) will not build ({why}). A state file train() wrote "
+                         f"never does; start afresh, or from weights alone with --init-from MODEL.bin") from None
+    except (RuntimeError, EOFError) as e:
+        raise ValueError(f"{path}: not a readable state file ({e}); start afresh, or with --init-from MODEL.bin") from None
+    missing = [k for k in STATE_KEYS if not isinstance(st, dict) or k not in st]
+    if missing:
+        raise ValueError(f"{path}: not a state file train() wrote: it lacks {', '.join(missing)}")
+    return st
+
+
 def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, tc: TrainConfig,
           teacher: Optional[Transformer] = None, resume: bool = False, log=print, init_from: Optional[str] = None) -> dict:
     """Train until early stopping, max_steps or the time limit. Returns a summary dict.
@@ -147,7 +171,7 @@ def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
         raise FileNotFoundError(f"--resume: no saved state at {state_path} (use --init-from MODEL.bin to start "
                                 f"from weights alone)")
     if resume:
-        st = torch.load(state_path, weights_only=False)
+        st = load_state(state_path)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         rng.bit_generator.state = st["numpy_rng"]
@@ -268,6 +292,25 @@ def _sha256(path: str) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
+RUN_FILES = ("state.pt", "model.bin", "log.jsonl", "summary.json")
+
+
+def check_out_dir(out_dir: str, resume: bool, force: bool):
+    """A new run in a folder that holds one would overwrite its model, state and log: refused unless --force,
+    which deletes them first (a stale state.pt left beside a new run would be what --resume continues)."""
+    if resume and force:
+        raise ValueError(f"--resume continues the run in {out_dir} and --force deletes it: pass one of them")
+    found = [n for n in ("state.pt", "model.bin") if os.path.exists(os.path.join(out_dir, n))]
+    if not found or resume:
+        return
+    if not force:
+        raise ValueError(f"{out_dir} already holds a run ({', '.join(found)}): continue it with --resume, start a "
+                         f"new one with another --out, or delete it and start over with --force")
+    for name in RUN_FILES:
+        if os.path.exists(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m minillm train", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="shakespeare", help="model shape (minillm.config.PRESETS)")
@@ -277,6 +320,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tokenizer", default=None, help="use this tokenizer.bin instead of training one")
     ap.add_argument("--teacher", default=None, help="distil from this llama2.c .bin (same tokenizer)")
     ap.add_argument("--resume", action="store_true", help="continue from <out>/state.pt")
+    ap.add_argument("--force", action="store_true", help="start over in an --out that holds a run, deleting it")
     ap.add_argument("--init-from", default=None, help="start from these weights (.bin), fresh optimizer")
     ap.add_argument("--threads", type=int, default=None)
     for f in TrainConfig.__dataclass_fields__.values():
@@ -284,6 +328,7 @@ def main(argv: list[str]) -> int:
             ap.add_argument("--" + f.name.replace("_", "-"), type=float if f.type in ("float", "Optional[float]") else int,
                             default=f.default)
     a = ap.parse_args(argv)
+    check_out_dir(a.out, a.resume, a.force)  # before the data is prepared: minutes, for a run that would be refused
     if a.threads:
         torch.set_num_threads(a.threads)
     tc = TrainConfig(out_dir=a.out, **{k: getattr(a, k) for k in TrainConfig.__dataclass_fields__ if k != "out_dir"})

@@ -157,3 +157,66 @@ def test_hf_refuses_what_it_cannot_run(tmp_path):
     from tokenizers import Tokenizer as HFTok, models
     HFTok(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
     assert HFTokenizer(str(tmp_path)).stop_ids == {2, 7}  # newer configs list several end tokens
+
+
+# ---------------------------------------------------------------------------- the import graph
+def _imports(module) -> set[str]:
+    """Every module `module` imports, anywhere in its source (function bodies too), as absolute names."""
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(module))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ("minillm." if node.level else "") + (node.module or "")
+            out |= {base.rstrip(".")} | {f"{base}.{a.name}".replace("..", ".") for a in node.names}
+    return out
+
+
+def test_no_import_circle_between_checkpoint_runq_quant_and_loader():
+    """checkpoint -> runq -> quant -> loader -> checkpoint was a circle, hidden by imports inside functions."""
+    import importlib
+    mods = {n: importlib.import_module(f"minillm.{n}") for n in ("paths", "checkpoint", "runq", "quant", "loader")}
+    assert not any(m.startswith("minillm") for m in _imports(mods["paths"]))   # the bottom of the graph
+    assert not any("runq" in m for m in _imports(mods["checkpoint"])), _imports(mods["checkpoint"])
+    assert not any("loader" in m for m in _imports(mods["quant"])), _imports(mods["quant"])
+    assert "minillm.paths" in _imports(mods["quant"]) and "minillm.paths" in _imports(mods["loader"])
+    assert (mods["loader"].MODELS_DIR, mods["loader"].SAMPLE_TEXT) == (mods["paths"].MODELS_DIR, mods["paths"].SAMPLE_TEXT)
+
+
+def test_load_bin_names_a_runq_file_and_where_to_read_it(tmp_path):
+    from minillm.loader import load_checkpoint
+    from minillm.runq import save_runq
+    model = Transformer(ModelConfig.from_name("tiny", max_seq_len=16)).init_weights(0)
+    save_runq(model, tmp_path / "q.bin")
+    with pytest.raises(ValueError, match=r"q.bin: a runq.c version-2 \(Q8_0\) file \(magic 'ak42'\); read it with "
+                                         r"minillm.load or minillm.runq.load_runq"):
+        load_bin(tmp_path / "q.bin")
+    assert type(load_checkpoint(tmp_path / "q.bin").layers[0].attention.wq).__name__ == "Q80Linear"
+    save_bin(model, tmp_path / "m.bin")
+    assert torch.equal(load_checkpoint(tmp_path / "m.bin").layers[0].attention.wq.weight, model.layers[0].attention.wq.weight)
+
+
+def test_readers_close_their_files(tmp_path):
+    """No file handle is left for the garbage collector (a ResourceWarning each, and on Windows a locked file)."""
+    import gc
+    import warnings
+    from minillm.loader import load_checkpoint
+    from minillm.runq import is_runq, save_runq
+    model = Transformer(ModelConfig.from_name("tiny", max_seq_len=16)).init_weights(0)
+    save_bin(model, tmp_path / "m.bin")
+    save_runq(model, tmp_path / "q.bin")
+    (tmp_path / "cut.bin").write_bytes((tmp_path / "q.bin").read_bytes()[:-8])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        load_bin(tmp_path / "m.bin"), load_checkpoint(tmp_path / "m.bin"), load_checkpoint(tmp_path / "q.bin")
+        assert is_runq(tmp_path / "q.bin") and not is_runq(tmp_path / "m.bin")
+        for bad in ("q.bin", "cut.bin"):
+            with pytest.raises(ValueError):
+                load_bin(tmp_path / bad)
+        with pytest.raises(ValueError):
+            load_checkpoint(tmp_path / "cut.bin")
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]

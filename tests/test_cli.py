@@ -129,3 +129,65 @@ def test_bench_batched_quick_with_a_stand_in_runc(tmp_path):
     bad.chmod(0o755)
     with pytest.raises(RuntimeError, match="failed \\(exit 3\\)"):
         main(["bench", "batched", "--model", str(model), "--quick", "--runc", str(bad)])
+
+
+# ---------------------------------------------------------------------------- user mistakes: one line, exit 2
+def one_error_line(err: str) -> str:
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["generate", "--model", "/no/such/model.bin", "--prompt", "x"], "/no/such/model.bin"),
+    (["generate", "--model", "random:tiny", "--prompt", "x", "--speculative", "5"], "speculative"),
+    (["bench", "decode", "--model", "nope"], "unknown model 'nope'"),
+    (["bench", "decode", "--model", "/no/such/model.bin"], "/no/such/model.bin"),
+    (["ship", "--target", "/no/such/run", "--data", "/no/such/data"], "/no/such/"),
+    (["student", "/no/such/notebooks", "/tmp/never-written"], "/no/such/notebooks"),
+])
+def test_every_subcommand_reports_user_mistakes_in_one_line(argv, says, capsys):
+    assert main(argv) == 2
+    assert says in one_error_line(capsys.readouterr().err)
+
+
+def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model.bin").write_bytes(b"a finished run")
+    assert main(["train", "--out", str(tmp_path / "run"), "--data-dir", str(tmp_path / "data")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert str(tmp_path / "run") in line and "--resume" in line and "--force" in line
+    assert (tmp_path / "run" / "model.bin").read_bytes() == b"a finished run"
+    assert not (tmp_path / "data").exists()                             # refused before any work
+
+
+@pytest.mark.parametrize("value,ok", [("true", True), ("FALSE", True), ("1", True), ("0", True), ("Yes", True),
+                                      ("no", True), ("maybe", False), ("", False), ("2", False), ("on", False)])
+def test_bool_flags_take_only_true_or_false(value, ok, capsys):
+    argv = ["generate", "--model", "random:tiny", "--prompt", "x", "--max-tokens", "1", "--enable-prefix-caching", value]
+    if ok:
+        assert main(argv) == 0
+    else:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert f"--enable-prefix-caching: expected true/false/1/0/yes/no, got {value!r}" in capsys.readouterr().err
+
+
+def test_student_refuses_to_write_over_its_source(tmp_path, capsys):
+    src = tmp_path / "nb"
+    src.mkdir()
+    nb = {"cells": [{"cell_type": "code", "source": ["x = 1\n", "### BEGIN SOLUTION\n", "y = 2\n", "### END SOLUTION\n"],
+                     "outputs": [], "execution_count": None, "metadata": {}}], "metadata": {}, "nbformat": 4,
+          "nbformat_minor": 5}
+    (src / "a.ipynb").write_text(json.dumps(nb))
+    before = (src / "a.ipynb").read_bytes()
+    (tmp_path / "link").symlink_to(src)
+    for dst in (src, tmp_path / "nb" / ".", tmp_path / "link", tmp_path / "x" / ".." / "nb"):
+        assert main(["student", str(src), str(dst)]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert str(dst) in line and "is the source" in line
+        assert (src / "a.ipynb").read_bytes() == before
+    assert not (tmp_path / "x").exists()
+    assert main(["student", str(src), str(tmp_path / "out")]) == 0
+    assert "y = 2" not in (tmp_path / "out" / "a.ipynb").read_text()

@@ -248,14 +248,14 @@ def test_stop_and_special_tokens_never_reach_the_text(tiny):
 
 
 def test_default_pool_is_capped_and_a_too_small_one_names_the_bytes(tiny):
-    from minillm.engine import DEFAULT_KV_CAP
+    from minillm.kv_cache import DEFAULT_KV_CAP
     from minillm.config import ModelConfig
     from minillm.model import Transformer
     from minillm.config import EngineConfig
     from minillm.engine import LLMEngine
     from minillm.loader import sample_tokenizer
     big = Transformer(ModelConfig.from_name("stories110M", vocab_size=300, n_layers=1))
-    e = LLMEngine(big, sample_tokenizer(300), EngineConfig(max_num_seqs=512))  # 512 x 1024 tokens would be 1.5 GB
+    e = LLMEngine.from_model(big, sample_tokenizer(300), EngineConfig(max_num_seqs=512))  # 512 x 1024 tokens would be 1.5 GB
     assert e.kv.nbytes <= DEFAULT_KV_CAP
     with pytest.raises(ValueError, match=r"the KV cache gets 1,000 bytes but one sequence of max_model_len=256 needs"):
         make(tiny, kv_cache_bytes=1000)
@@ -263,7 +263,7 @@ def test_default_pool_is_capped_and_a_too_small_one_names_the_bytes(tiny):
 
 def test_hf_style_decoding_keeps_the_leading_space():
     """SentencePiece decoders strip a leading space at the start of a text; generated text is not a start."""
-    from minillm.engine import LLMEngine
+    from minillm.detokenizer import Detokenizer
     from minillm.sequence import Sequence
 
     class StripTok:  # decodes each id as " w<id>", then strips one leading space, as Llama's tokenizer.json does
@@ -272,11 +272,9 @@ def test_hf_style_decoding_keeps_the_leading_space():
         def decode(self, ids):
             return "".join(f" w{i}" for i in ids)[1:]
 
-    eng = LLMEngine.__new__(LLMEngine)
-    eng.tokenizer = StripTok()
     seq = Sequence(0, "r", 0, [1, 7], SamplingParams(), 0, 0.0)
     seq.output_ids = [8, 9]
-    assert eng._append_text(seq) == " w8 w9"
+    assert Detokenizer(StripTok(), 64).append_text(seq) == " w8 w9"
 
 
 def test_llm_does_not_convert_the_callers_model(tiny):
@@ -320,7 +318,7 @@ def test_n_samples_share_prompt_blocks_copy_on_write_and_equal_separate_requests
     engine = llm.engine
     rid = engine.add_request(prompt, sp(3, 40))
     engine.step()                                            # the prefill, then the fork
-    seqs = engine.requests[rid]
+    seqs = engine.requests[rid].seqs
     n_prompt = len(seqs[0].prompt_ids)
     full = n_prompt // 4
     assert n_prompt % 4, "the prompt must end inside a block, so that block is shared and then copied"
@@ -363,7 +361,7 @@ def test_dynamic_batching_waits_for_the_window_or_a_full_batch(tiny):
     from minillm.config import EngineConfig
     from minillm.engine import LLMEngine
     now = [0.0]
-    engine = LLMEngine(model, tok, EngineConfig(batching="dynamic", batch_window_s=1.0, max_num_seqs=3, dtype="float64"),
+    engine = LLMEngine.from_model(model, tok, EngineConfig(batching="dynamic", batch_window_s=1.0, max_num_seqs=3, dtype="float64"),
                        clock=lambda: now[0])
     engine.add_request(PROMPTS[0], GREEDY)
     assert engine.step() == [] and not engine.trace.steps     # window open, batch not full: wait
@@ -394,24 +392,29 @@ def test_chunked_prefill_keeps_decodes_going_within_the_budget(tiny):
     assert all(s.kind == "mixed" for s in engine.trace.steps)
 
 
-def test_a_request_bigger_than_the_pool_is_refused_and_others_run(tiny):
+@pytest.mark.parametrize("max_tokens", [23, 40])
+def test_n_samples_bigger_than_the_pool_together_are_served_by_preemption(tiny, max_tokens):
+    """The hostile-user case: 5 blocks of 16, n = 2, a 10-token prompt, max_tokens 23 (the old check counted
+    3 blocks a sample, 6 > 5, and refused it), and max_tokens 40, where the two samples (4 blocks each) do not
+    fit together and one waits (preemption). Each sample equals the same seed run alone (float64)."""
     model, tok = tiny
     per_block = 16 * model.config.kv_bytes_per_token(8)
-    llm = make(tiny, block_size=16, max_model_len=64, kv_cache_bytes=6 * per_block)   # 6 blocks of 16
+    llm = make(tiny, block_size=16, max_model_len=64, kv_cache_bytes=5 * per_block)
+    prompt = tok.encode(PROMPTS[3])[:10]
+    sp = lambda n, seed: SamplingParams(n=n, temperature=1.0, seed=seed, max_tokens=max_tokens, ignore_eos=True)
     engine = llm.engine
-    rid = engine.add_request(PROMPTS[0], GREEDY)
-    engine.step()
-    # 4 samples of up to 64 tokens, sharing no full prompt block: 4 x 4 = 16 blocks > 6
-    big = SamplingParams(temperature=1.0, n=4, max_tokens=60, ignore_eos=True)
-    with pytest.raises(ValueError, match=r"needs up to 16 KV blocks .* the whole pool has 6"):
-        engine.add_request(PROMPTS[1], big)
-    with pytest.raises(ValueError, match="the whole pool has 6"):
-        llm.generate([PROMPTS[2], PROMPTS[1]], [GREEDY, big])
+    rid = engine.add_request(prompt, sp(2, 11))
     while engine.has_unfinished_requests():
         engine.step()
-    done = {o.request_id: o for o in engine.pop_finished()}
-    assert list(done) == [rid] and len(done[rid].token_ids) == 24
-    assert engine.block_manager.num_free == engine.block_manager.num_blocks
+    preempted = sum(s.metrics.num_preemptions for s in engine.requests[rid].seqs)
+    assert (preempted > 0) == (max_tokens == 40)                                      # 2 x 4 blocks > 5
+    out = engine.pop_finished()[0]
+    assert [len(c.token_ids) for c in out.outputs] == [max_tokens] * 2
+    alone = [make(tiny).generate([prompt], sp(1, 11 + i))[0].token_ids for i in range(2)]
+    assert [c.token_ids for c in out.outputs] == alone
+    steps = llm.engine.trace.steps
+    assert max(s.blocks_used for s in steps) <= 5
+    assert llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks
 
 
 def test_trace_off_records_nothing_and_changes_nothing(tiny):

@@ -133,6 +133,27 @@ def test_load_refuses_a_bad_file(tiny, tmp_path):
         load_medusa(path, tiny)
 
 
+def test_load_refuses_a_header_that_disagrees_with_the_target(tiny, tmp_path):
+    """The fingerprint says 'made for this target', but the heads' own dim / vocab_size fields say otherwise:
+    refused at load, not inside every engine step."""
+    import struct
+    from minillm.medusa import FINGERPRINT, HEADER
+    path = tmp_path / "h.bin"
+    save_medusa(MedusaHeads(64, 512, 2), path, tiny)
+    good = path.read_bytes()
+    path.write_bytes(good[:16] + struct.pack("<i", 500) + good[20:])   # vocab_size field: 512 -> 500, size unchanged
+    with pytest.raises(ValueError, match=r"vocab_size=500.*the target has dim=64, vocab_size=512"):
+        load_medusa(path, tiny)
+    # dim 32 heads, sized for dim 32, behind the target's own fingerprint
+    body = good[HEADER.size:HEADER.size + FINGERPRINT.size] + np.zeros(2 * (32 * 32 + 32), np.float32).tobytes()
+    path.write_bytes(HEADER.pack(b"mdsa", 1, 2, 32, 512) + body)
+    with pytest.raises(ValueError, match=r"dim=32, vocab_size=512.*the target has dim=64, vocab_size=512"):
+        load_medusa(path, tiny)
+    path.write_bytes(HEADER.pack(b"mdsa", 1, 0, 64, 512) + good[HEADER.size:HEADER.size + FINGERPRINT.size])
+    with pytest.raises(ValueError, match=r"num_heads=0"):
+        load_medusa(path, tiny)
+
+
 # ---------------------------------------------------------------------------- the tree
 def ancestors_or_self(tree: MedusaTree, i: int) -> set:
     out = set()

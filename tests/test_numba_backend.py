@@ -32,9 +32,9 @@ def prefill(net, cfg, prompts, block_size=4, shuffle=0):
     for b, p in enumerate(prompts):
         tokens[b, :len(p)], positions[b, :len(p)], valid[b, :len(p)] = torch.tensor(p), torch.arange(len(p)), True
     attn = AttentionMetadata.build(positions, tables, torch.tensor([len(p) for p in prompts]), block_size, valid)
-    last = torch.tensor([len(p) - 1 for p in prompts])
+    rows = torch.arange(B) * T + torch.tensor([len(p) - 1 for p in prompts])   # (B,) each prompt's last token
     with torch.inference_mode():
-        return net(tokens, positions, kv, attn, last_index=last)[:, 0]
+        return net(tokens, positions, kv, attn, rows=rows)
 
 
 def test_numba_forward_equals_torch(tiny):
@@ -73,7 +73,7 @@ def test_engine_on_numba_matches_torch_and_is_batch_independent(tiny):
 
 def test_numba_backend_refuses_other_dtypes(tiny):
     model, tok = tiny
-    with pytest.raises(ValueError, match="backend='numba' runs float32 weights, got torch.float64"):
+    with pytest.raises(ValueError, match="backend='numba' does not run dtype='float64' yet; backends that do: torch"):
         LLM(model, tokenizer=tok, backend="numba", dtype="float64")
 
 
@@ -90,3 +90,46 @@ def test_cuda_backend_without_a_gpu_says_what_to_do(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match=r"backend='cuda' needs a CUDA GPU .* minillm.kernels.use_simulator\(\) first"):
         LLM(model, tokenizer=tok, backend="cuda")
+
+
+def run_rows(net, cfg, calls, block_size=4):
+    """Several calls into one pool: each (tokens, first position) is one sequence's new tokens; -> each call's
+    logits at every one of its tokens."""
+    kv = KVCache(cfg, num_blocks=-(-cfg.max_seq_len // block_size), block_size=block_size)
+    table = torch.arange(kv.num_blocks)[None]                                      # (1, M)
+    outs = []
+    for toks, start in calls:
+        n = len(toks)
+        positions = torch.arange(start, start + n)[None]                           # (1, n)
+        attn = AttentionMetadata.build(positions, table, torch.tensor([start + n]), block_size)
+        with torch.inference_mode():
+            outs.append(net(torch.tensor([toks]), positions, kv, attn, rows=torch.arange(n)))
+    return outs
+
+
+def test_numba_verification_rows_are_bit_identical_to_plain_decode_rows(tiny):
+    """Scoring k + 1 tokens in one call (speculative verification) gives, at each of them, exactly the logits
+    that decoding them one by one gives: every row is its own fixed-order sum."""
+    model, _ = tiny
+    net, x = NumbaTransformer(model), [1, 5, 9, 200, 7, 3, 3, 40, 11, 12]
+    plain = run_rows(net, model.config, [(x[:6], 0)] + [([x[i]], i) for i in range(6, 10)])
+    spec = run_rows(net, model.config, [(x[:6], 0), (x[6:], 6)])
+    assert torch.equal(spec[0], plain[0])
+    assert torch.equal(spec[1], torch.cat(plain[1:]))
+
+
+@pytest.mark.parametrize("options", [dict(speculative={"method": "ngram", "gamma": 3}),
+                                     dict(enable_chunked_prefill=True, max_num_batched_tokens=5),
+                                     dict(speculative={"method": "draft", "gamma": 2, "model": "random:tiny"})],
+                         ids=["ngram", "chunked-prefill", "draft"])
+def test_numba_serves_speculation_and_chunked_prefill_with_plain_tokens(tiny, options):
+    model, tok = tiny
+    prompts = ["To be, or not to be, to be, or not to be", "Hamlet", "Who's there?"]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = [o.token_ids for o in LLM(model, tokenizer=tok, backend="numba", block_size=4).generate(prompts, greedy)]
+    llm = LLM(model, tokenizer=tok, backend="numba", block_size=4, **options)
+    assert [o.token_ids for o in llm.generate(prompts, greedy)] == plain
+    if "speculative" in options:
+        assert llm.engine.spec_stats["drafted"] > 0
+    else:
+        assert any(s.kind == "mixed" and s.num_prefill_tokens < 5 for s in llm.engine.trace.steps)

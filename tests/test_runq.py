@@ -8,6 +8,7 @@ import torch
 
 from minillm import load
 from minillm.checkpoint import load_bin
+from minillm.loader import load_checkpoint
 from minillm.quant import Q80Linear, q80_group_size, q80_quantize, quantize_model
 from minillm.runq import load_runq, save_runq
 
@@ -63,7 +64,7 @@ def test_runq_file_round_trips_into_the_quantized_model(shipped, tmp_path):
     model, tok = shipped
     errors = save_runq(model, tmp_path / "q.bin")
     assert max(errors.values()) < 0.01 and set(errors) >= {"tok_embeddings", "layers.7.feed_forward.w2"}
-    back = load_bin(tmp_path / "q.bin")                       # load_bin recognises the 'ak42' magic
+    back = load_checkpoint(tmp_path / "q.bin")                # load_checkpoint recognises the 'ak42' magic
     qmodel = quantize_model(model, "q8_0")[0]
     ids = torch.tensor([tok.encode("ROMEO. But soft, what light")])
     with torch.no_grad():
@@ -85,7 +86,7 @@ def test_bad_runq_files_name_what_is_wrong(shipped, tmp_path):
         load_runq(bad)
     bad.write_bytes(bytes(data[:-10]))
     with pytest.raises(ValueError, match=r"expected \d+ bytes for the shape in its header, found \d+"):
-        load_bin(bad)
+        load_checkpoint(bad)
     with pytest.raises(ValueError, match="group size 48 does not divide"):
         save_runq(model, tmp_path / "x.bin", group_size=48)
 

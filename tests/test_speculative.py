@@ -15,7 +15,7 @@ from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine import LLMEngine
 from minillm.model import Transformer
-from minillm.proposers import ngram_lookup
+from minillm.ngram_proposer import ngram_lookup
 from minillm.speculative import SpeculativeConfig, predicted_speedup, residual, verify_greedy, verify_sampled
 
 P_FAIL = 1e-4
@@ -121,7 +121,7 @@ def test_first_three_sampled_tokens_match_exact_enumeration():
             exact[seq] = float(sum(logp[len(prompt) - 1 + i, t] for i, t in enumerate(seq)).exp())
     assert sum(exact.values()) == pytest.approx(1.0)
     N = 3000
-    eng = LLMEngine(target, IdTokenizer(), EngineConfig(dtype="float64", max_num_seqs=256,
+    eng = LLMEngine.from_model(target, IdTokenizer(), EngineConfig(dtype="float64", max_num_seqs=256,
                                                          speculative={"method": "draft", "gamma": 2, "model": draft}))
     ids = [eng.add_request(prompt, SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=i)) for i in range(N)]
     outs = {}
@@ -152,7 +152,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 @pytest.fixture(scope="module")
 def greedy_reference(shipped64):
     target, _, tok = shipped64
-    return run_all(LLMEngine(target, tok, EngineConfig(dtype="float64")), PROMPTS[:2], GREEDY)
+    return run_all(LLMEngine.from_model(target, tok, EngineConfig(dtype="float64")), PROMPTS[:2], GREEDY)
 
 
 @pytest.mark.parametrize("method,gamma", [("ngram", 1), ("ngram", 3), ("draft", 1), ("draft", 2), ("draft", 5),
@@ -160,7 +160,7 @@ def greedy_reference(shipped64):
 def test_greedy_speculative_output_equals_greedy_target_output(shipped64, greedy_reference, method, gamma):
     """DESIGN.md rule 7: float64, so scoring k + 1 positions in one forward cannot flip an argmax."""
     target, draft, tok = shipped64
-    spec = LLMEngine(target, tok, EngineConfig(dtype="float64", speculative={"method": method, "gamma": gamma, "model": draft}))
+    spec = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative={"method": method, "gamma": gamma, "model": draft}))
     assert run_all(spec, PROMPTS[:2], GREEDY) == greedy_reference
     assert spec.spec_stats["accepted"] > 0                  # speculation really happened
     check_no_leaks(spec)
@@ -194,7 +194,7 @@ def test_rollback_frees_rejected_blocks_under_memory_pressure(shipped64):
     target, draft, tok = shipped64
     cfg = EngineConfig(dtype="float64", block_size=4, kv_cache_bytes=36 * 4 * target.config.kv_bytes_per_token(8),
                        max_model_len=128, enable_prefix_caching=True, speculative={"method": "draft", "gamma": 4, "model": draft})
-    eng = LLMEngine(target, tok, cfg)
+    eng = LLMEngine.from_model(target, tok, cfg)
     for i, p in enumerate(PROMPTS * 2):
         eng.add_request(p, SamplingParams(temperature=0.8, max_tokens=32, seed=i, ignore_eos=True))
     preempted = 0
@@ -206,7 +206,7 @@ def test_rollback_frees_rejected_blocks_under_memory_pressure(shipped64):
         eng.block_manager.check(running)
         eng.proposer.blocks.check(list(eng.proposer.shadows.values()))
         assert set(eng.proposer.shadows) <= {s.seq_id for s in running}
-        preempted = max(preempted, sum(s.metrics.num_preemptions for seqs in eng.requests.values() for s in seqs))
+        preempted = max(preempted, sum(s.metrics.num_preemptions for r in eng.requests.values() for s in r.seqs))
         eng.pop_finished()
     assert preempted > 0, "the pool was meant to be too small for every sequence at once"
     check_no_leaks(eng)                       # (prefix-cache blocks nobody holds count as free)
@@ -217,9 +217,9 @@ def test_batch_composition_does_not_change_a_seeded_request(shipped64, method):
     target, draft, tok = shipped64
     spec = {"method": method, "gamma": 3, "model": draft}
     sp = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=20, seed=7, ignore_eos=True)
-    alone = run_all(LLMEngine(target, tok, EngineConfig(dtype="float64", speculative=spec)), [PROMPTS[2]], sp)[0]
+    alone = run_all(LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative=spec)), [PROMPTS[2]], sp)[0]
     others = [SamplingParams(temperature=t, max_tokens=m, seed=s) for t, m, s in [(0.0, 12, 1), (1.2, 24, 2), (0.7, 8, 3)]]
-    eng = LLMEngine(target, tok, EngineConfig(dtype="float64", speculative=spec))
+    eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative=spec))
     ids = [eng.add_request(p, q) for p, q in zip(PROMPTS + [PROMPTS[0]], others[:2] + [sp] + others[2:])]
     done = {}
     while eng.has_unfinished_requests():
@@ -231,11 +231,11 @@ def test_batch_composition_does_not_change_a_seeded_request(shipped64, method):
 
 def test_stops_and_max_tokens_cut_a_speculative_step(shipped64):
     target, draft, tok = shipped64
-    llm_plain = LLMEngine(target, tok, EngineConfig(dtype="float64"))
+    llm_plain = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64"))
     sp = SamplingParams(temperature=0, max_tokens=30, stop=["\n\n"])
     want = run_all(llm_plain, PROMPTS, sp)
     assert any(len(w) < 30 for w in want)              # one stops on the string, inside a speculative step
-    eng = LLMEngine(target, tok, EngineConfig(dtype="float64", speculative={"method": "draft", "gamma": 6, "model": draft}))
+    eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative={"method": "draft", "gamma": 6, "model": draft}))
     assert run_all(eng, PROMPTS, sp) == want
     assert all(len(w) <= 30 for w in want)
     check_no_leaks(eng)
@@ -243,7 +243,7 @@ def test_stops_and_max_tokens_cut_a_speculative_step(shipped64):
 
 def test_trace_records_drafted_accepted_and_emitted(shipped64):
     target, draft, tok = shipped64
-    eng = LLMEngine(target, tok, EngineConfig(dtype="float64", speculative={"method": "draft", "gamma": 3, "model": draft}))
+    eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative={"method": "draft", "gamma": 3, "model": draft}))
     rid = eng.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
     while eng.has_unfinished_requests():
         eng.step()
@@ -272,7 +272,7 @@ def test_medusa_compacts_the_accepted_path_into_consecutive_slots(shipped64):
     prefill of the same tokens writes (float64, 1e-10): the accepted path was moved out of the tree's
     scattered slots (on this prompt some accepted paths leave the first branch, so moves happen)."""
     target, _, tok = shipped64
-    eng = LLMEngine(target, tok, EngineConfig(dtype="float64", block_size=4, speculative={"method": "medusa", "gamma": 3}))
+    eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", block_size=4, speculative={"method": "medusa", "gamma": 3}))
     eng.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     moves, move = [], eng.kv.move_slots
     eng.kv.move_slots = lambda src, dst: (moves.append(len(src)), move(src, dst))
@@ -296,7 +296,7 @@ def test_draft_on_the_numba_backend_drafts_the_same_tokens(shipped64):
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = []
     for backend in ("torch", "numba"):
-        eng = LLMEngine(target, tok, EngineConfig(speculative={"method": "draft", "gamma": 3, "draft_backend": backend}))
+        eng = LLMEngine.from_model(target, tok, EngineConfig(speculative={"method": "draft", "gamma": 3, "draft_backend": backend}))
         outs.append((run_all(eng, PROMPTS[:1], sp), [e["drafted"] for st in eng.trace.steps for e in st.spec]))
     assert outs[0][1] and outs[0] == outs[1]
 
@@ -310,7 +310,7 @@ def test_medusa_serves_parallel_samples_and_swapped_sequences(shipped64):
     sp = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=2), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
     outs = []
     for spec in (None, {"method": "medusa", "gamma": 3}):
-        eng = LLMEngine(target, tok, EngineConfig(**opts, speculative=spec))
+        eng = LLMEngine.from_model(target, tok, EngineConfig(**opts, speculative=spec))
         ids = [eng.add_request(p, s) for p, s in zip(PROMPTS[:2], sp)]
         done, swapped = {}, 0
         while eng.has_unfinished_requests():
@@ -333,10 +333,10 @@ def test_a_draft_pool_shortfall_drafts_less_instead_of_failing(shipped64):
     from minillm.bench_spec import held_out_prompts
     prompt = held_out_prompts(tok, 1, length=33)[0]                        # 2 full blocks shared by the 4 samples
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, n=4)
-    want = run_all_n(LLMEngine(target, tok, EngineConfig(**opts)), prompt, sp)
-    eng = LLMEngine(target, tok, EngineConfig(**opts, speculative={"method": "draft", "gamma": 4, "model": draft}))
-    drops, drop = [], eng.proposer.drop
-    eng.proposer.drop = lambda seq: (drops.append(seq.seq_id), drop(seq))
+    want = run_all_n(LLMEngine.from_model(target, tok, EngineConfig(**opts)), prompt, sp)
+    eng = LLMEngine.from_model(target, tok, EngineConfig(**opts, speculative={"method": "draft", "gamma": 4, "model": draft}))
+    drops, rollback = [], eng.proposer.rollback
+    eng.proposer.rollback = lambda seq, valid: (drops.append(seq.seq_id) if valid == 0 else None, rollback(seq, valid))
     assert run_all_n(eng, prompt, sp) == want and want[0] == want[3]
     assert drops, "the draft pool was meant to run short"
     check_no_leaks(eng)
@@ -359,11 +359,11 @@ def test_no_room_for_drafts_means_plain_decoding_not_preemption(shipped64):
     sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     counts = []
     for spec in (None, {"method": "ngram", "gamma": 8}):
-        eng = LLMEngine(target, tok, EngineConfig(**opts, speculative=spec))
+        eng = LLMEngine.from_model(target, tok, EngineConfig(**opts, speculative=spec))
         ids = [eng.add_request(p, sp) for p in PROMPTS]
         while eng.has_unfinished_requests():
             eng.step()
-        counts.append(sum(s.metrics.num_preemptions for i in ids for s in eng.requests[i]))
+        counts.append(sum(s.metrics.num_preemptions for i in ids for s in eng.requests[i].seqs))
     assert counts[1] <= counts[0], counts
 
 
@@ -403,12 +403,27 @@ def test_a_draft_with_another_tokenizer_is_refused():
         LLM("shakespeare", speculative={"method": "draft", "model": "random:tiny"})
 
 
-@pytest.mark.parametrize("opts,match", [(dict(backend="numba"), r"speculative decoding runs on backend='torch'"),
-                                        (dict(batching="static"), r"needs batching='continuous'"),
-                                        (dict(enable_chunked_prefill=True), r"does not combine with enable_chunked_prefill")])
-def test_speculative_refuses_what_it_cannot_combine_with(opts, match):
+@pytest.mark.parametrize("opts,spec,match", [
+    (dict(backend="numba"), {"method": "medusa"}, r"backend='numba' does not run speculative method='medusa' yet; "
+                                                   r"backends that do: torch"),
+    (dict(batching="static"), {"method": "ngram"}, r"needs batching='continuous'")])
+def test_speculative_refuses_what_it_cannot_combine_with(opts, spec, match):
     with pytest.raises(ValueError, match=match):
-        LLM("random:tiny", speculative={"method": "ngram"}, **opts)
+        LLM("random:tiny", speculative=spec, **opts)
+
+
+def test_speculation_with_chunked_prefill_equals_plain_greedy(shipped64, greedy_reference):
+    """One step path: chunked prefill's mixed steps carry decode rows with drafts beside prompt chunks, the drafts
+    counted in the token budget."""
+    target, draft, tok = shipped64
+    for method in ("ngram", "draft"):
+        eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", enable_chunked_prefill=True,
+                                                             max_num_batched_tokens=16,
+                                                             speculative={"method": method, "gamma": 3, "model": draft}))
+        assert run_all(eng, PROMPTS[:2], GREEDY) == greedy_reference
+        assert eng.spec_stats["accepted"] > 0
+        assert all(s.num_prefill_tokens + s.num_decode_tokens <= 16 for s in eng.trace.steps)
+        check_no_leaks(eng)
 
 
 def test_config_round_trip():

@@ -151,7 +151,7 @@ def _id(s):
 @pytest.mark.parametrize("text", HARD, ids=[_id(s) for s in HARD])
 def test_encode_matches_runc_on_hard_strings(name, text):
     tok = vocab(name)
-    assert tok.encode(text) == runc_encode(tok, text)
+    assert tok.encode(text, c_string=True) == runc_encode(tok, text)
 
 
 @pytest.mark.parametrize("name", VOCABS)
@@ -162,14 +162,14 @@ def test_encode_matches_runc_on_fuzz(name, kind, data):
     """Any unicode text, and any bytes (invalid and truncated UTF-8 included)."""
     tok = vocab(name)
     x = data.draw(any_text if kind == "text" else any_bytes)
-    assert tok.encode(x) == runc_encode(tok, x)
+    assert tok.encode(x, c_string=True) == runc_encode(tok, x)
 
 
 @FUZZ
 @given(text=any_text, bos=st.booleans(), eos=st.booleans())
 def test_encode_bos_eos_flags(text, bos, eos):
     tok = vocab("sample512")
-    ids = tok.encode(text, bos=bos, eos=eos)
+    ids = tok.encode(text, bos=bos, eos=eos, c_string=True)
     assert ids == runc_encode(tok, text, bos=bos, eos=eos)
     assert (ids[:1] == [BOS]) == bos and (ids[-1:] == [EOS]) == eos
 
@@ -181,7 +181,8 @@ def test_encode_structure():
     assert tok.encode(" ") == [BOS, space, space]  # the dummy prefix, then the text's own space
     assert tok.encode(b"\xff") == [BOS, space, 0xFF + 3]  # byte fallback
     assert tok.encode("日") == [BOS, space] + [b + 3 for b in "日".encode()]
-    assert tok.encode("a\0b") == tok.encode("a")  # a C string ends at NUL
+    assert tok.encode("a\0b", c_string=True) == tok.encode("a")  # run.c's C string ends at NUL
+    assert 3 in tok.encode("a\0b") and tok.decode_bytes(tok.encode("a\0b")[1:]).endswith(b"b")  # elsewhere NUL is text
     # the dummy prefix merges with the first word, as SentencePiece's would
     assert tok.pieces[tok.encode("the")[1]] == b" the"
 
@@ -191,7 +192,7 @@ def test_scores_at_or_below_runc_floor_never_merge(bad):
     # run.c starts from best_score = -1e10 and compares with strict >: such tokens never win a merge
     tok = _edited(vocab("sample512"), {b" the": bad, b"zq": bad})
     for text in ["the theme of the thing", "zqzq zq", "the " * 50]:
-        assert tok.encode(text) == runc_encode(tok, text)
+        assert tok.encode(text, c_string=True) == runc_encode(tok, text)
     assert tok.lookup[b" the"] not in tok.encode("the")
 
 

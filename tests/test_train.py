@@ -83,3 +83,50 @@ def test_resume_without_state_says_so(tmp_path, tokens):
     tr, va = tokens
     with pytest.raises(FileNotFoundError, match="--resume: no saved state at .*state.pt"):
         train(tiny_cfg(), tr, va, TrainConfig(out_dir=str(tmp_path)), resume=True, log=lambda *_: None)
+
+
+class Planted:
+    """What a planted state.pt can hold: unpickling it calls open(marker, "w"), i.e. runs code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_resume_reads_state_with_weights_only_and_refuses_code(tmp_path, tokens):
+    tr, va = tokens
+    kw = dict(batch_size=2, seq_len=8, warmup_steps=1, max_steps=2, eval_every=2, eval_windows=2, patience=9)
+    train(tiny_cfg(), tr, va, TrainConfig(out_dir=str(tmp_path / "a"), **kw), log=lambda *_: None)
+    st = torch.load(tmp_path / "a" / "state.pt", weights_only=True)    # a genuine state file is plain data
+    assert st["step"] == 2
+    marker = tmp_path / "pwned"
+    torch.save({**st, "model": Planted(str(marker))}, tmp_path / "a" / "state.pt")
+    with pytest.raises(ValueError, match=r"state.pt: refusing to unpickle .*weights_only"):
+        train(tiny_cfg(), tr, va, TrainConfig(out_dir=str(tmp_path / "a"), **kw), resume=True, log=lambda *_: None)
+    assert not marker.exists()
+
+
+def test_train_cli_refuses_an_existing_run_unless_forced(tmp_path, tokens, capsys):
+    """`train --out DIR` on a finished run: refused, naming DIR; --resume continues it; --force starts over."""
+    from minillm.loader import sample_tokenizer
+    from minillm.train import _sha256, main
+    tr, va = tokens
+    data = tmp_path / "data"                       # a token cache prepare_data accepts as is: no corpus build
+    data.mkdir()
+    sample_tokenizer(300).save(str(data / "tokenizer.bin"))
+    np.save(data / "train.npy", tr), np.save(data / "val.npy", va)
+    (data / "corpus.json").write_text(json.dumps({"tokenizer_sha256": _sha256(str(data / "tokenizer.bin"))}))
+    argv = ["--preset", "tiny", "--out", str(tmp_path / "run"), "--data-dir", str(data), "--vocab-size", "300",
+            "--batch-size", "2", "--seq-len", "8", "--warmup-steps", "1", "--max-steps", "2", "--eval-every", "1",
+            "--eval-windows", "2"]
+    assert main(argv) == 0
+    assert len(open(tmp_path / "run" / "log.jsonl").readlines()) == 2
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'run'} already holds a run \(state.pt, model.bin\).*--resume.*--out.*--force"):
+        main(argv)
+    assert len(open(tmp_path / "run" / "log.jsonl").readlines()) == 2  # untouched
+    assert main(argv + ["--max-steps", "3", "--resume"]) == 0
+    assert len(open(tmp_path / "run" / "log.jsonl").readlines()) == 3  # continued
+    assert main(argv + ["--force"]) == 0
+    assert len(open(tmp_path / "run" / "log.jsonl").readlines()) == 2  # started over

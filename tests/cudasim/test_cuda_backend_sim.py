@@ -31,14 +31,14 @@ def test_cuda_forward_equals_torch_through_a_paged_pool(micro):
     for b, p in enumerate(prompts):
         tokens[b, :len(p)], positions[b, :len(p)], valid[b, :len(p)] = torch.tensor(p), torch.arange(len(p)), True
     attn = AttentionMetadata.build(positions, tables, torch.tensor([3, 2]), bs, valid)
-    last = torch.tensor([2, 1])
+    rows = torch.arange(B) * T + torch.tensor([2, 1])                                   # (B,) each prompt's last token
     got, want = [], []
     for net, out in ((CudaTransformer(micro), got), (micro, want)):
         kv = KVCache(CFG, num_blocks=16, block_size=bs)
         with torch.inference_mode():
-            out.append(net(tokens, positions, kv, attn, last_index=last)[:, 0])         # prefill
+            out.append(net(tokens, positions, kv, attn, rows=rows))                     # prefill
             step = AttentionMetadata.build(torch.tensor([[3], [2]]), tables, torch.tensor([4, 3]), bs)
-            out.append(net(torch.tensor([[11], [12]]), torch.tensor([[3], [2]]), kv, step)[:, 0])  # one decode
+            out.append(net(torch.tensor([[11], [12]]), torch.tensor([[3], [2]]), kv, step, rows=torch.arange(2)))  # decode
     for g, w in zip(got, want):
         # float32, sums of <= 24 products in another order through a layer: 1e-5 is ~100 ulps at |logit| ~ 1
         assert_close(g, w, atol=1e-5, rtol=1e-5, name="cuda backend vs torch")
@@ -52,3 +52,15 @@ def test_engine_serves_on_the_cuda_backend():
     assert llm.engine.kv.k.device == llm.engine.runner.model.device          # the pool where the kernels run
     got = llm.generate([[1, 5]], greedy)[0].token_ids
     assert got == LLM(model, tokenizer=tok, block_size=4).generate([[1, 5]], greedy)[0].token_ids
+
+
+def test_chain_speculation_on_the_cuda_backend_equals_plain_greedy():
+    """Verification rows are ordinary rows for the kernels (each query token attends to positions 0..its own)."""
+    cfg = ModelConfig(dim=16, hidden_dim=24, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=260, max_seq_len=16)
+    model, tok = Transformer(cfg).init_weights(seed=4, std=0.3).eval(), sample_tokenizer(260)
+    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    prompt = [[1, 5, 6, 5, 6, 5]]                                              # a loop for the n-gram lookup
+    llm = LLM(model, tokenizer=tok, backend="cuda", block_size=4, speculative={"method": "ngram", "gamma": 2})
+    got = llm.generate(prompt, greedy)[0].token_ids
+    assert llm.engine.spec_stats["drafted"] > 0
+    assert got == LLM(model, tokenizer=tok, block_size=4).generate(prompt, greedy)[0].token_ids
