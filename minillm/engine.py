@@ -5,7 +5,7 @@
              out      = runner.run(batch, drafts)        # one forward; logits at each newest token and draft
              verdicts = verify(batch, drafts, out)       # k = 0: sampling; k > 0: the exact acceptance rule
              scheduler.update(batch, verdicts)           # append, stop checks, finish, free, roll back
-             trace.after_update(...)
+             trace.after_update(...)                     # what the step did, as plain data
 
 A step is a transaction: if anything raises before the update (the model call interrupted, a proposer
 failing), every sequence is left where it was, so the next step computes what an uninterrupted run would:
@@ -46,7 +46,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.block_manager, self.clock, Detokenizer(self.tokenizer, self.config.max_model_len),
                                    parts.policy, slots=self.proposer.num_slots)
         self.runner = ModelRunner(parts.forward, self.kv, parts.swap, hidden=self.proposer.needs_hidden)
-        self.trace = Trace(self.config.trace)
+        self.trace = Trace(self.config.trace, block_bytes=self.kv.nbytes // self.kv.num_blocks,
+                           block_size=self.kv.block_size)
         self.requests: dict[str, Request] = {}
         self._seq_ids, self._req_ids = itertools.count(), itertools.count()
 
@@ -141,25 +142,25 @@ class LLMEngine:
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[RequestOutput]:
         """One model call. Returns the state of every request that ran in it."""
-        times = [self.clock()]
-        batch = self.scheduler.schedule()
+        start, batch = self.clock(), self.scheduler.schedule()
         with self._transaction(batch):
-            self.runner.move_blocks(batch)                       # swaps and copy-on-write, before any write
+            self.runner.move_blocks(batch)                                # swaps and copy-on-write, before any write
             if not batch:
                 return []
-            drafts = self.proposer.propose(batch)                # k tokens per decode row, or None
-            times.append(self.clock())
-            out = self.runner.run(batch, drafts)                 # logits at every newest token and draft
-            times.append(self.clock())
-            verdicts = verify(batch, drafts, out, self.verify_rule)  # what each row emits, drafts kept
-            self.runner.commit(batch, drafts, verdicts)          # a kept tree path into consecutive slots
+            drafts, draft_s = self._timed(self.proposer.propose, batch)   # k tokens per decode row, or None
+            out, run_s = self._timed(self.runner.run, batch, drafts)      # logits at every newest token and draft
+            verdicts = verify(batch, drafts, out, self.verify_rule)       # what each row emits, drafts kept
+            self.runner.commit(batch, drafts, verdicts)                   # a kept tree path into consecutive slots
             self.proposer.observe(batch, drafts, verdicts, out)
         pending = self.trace.before_update(batch, self.scheduler)
-        self.scheduler.update(batch, verdicts)                   # append, stop, finish, free, roll back
-        self.proposer.gc({s.seq_id for s in self.scheduler.running}, {s.seq_id for s in self.scheduler.swapped})
-        self.trace.after_update(batch, drafts, verdicts, pending, times + [self.clock()],
-                                self.kv.nbytes // self.kv.num_blocks, self.kv.block_size)
+        self.scheduler.update(batch, verdicts)                            # append, stop, finish, free, roll back
+        self.proposer.gc(*self.scheduler.live_ids())
+        self.trace.after_update(batch, drafts, verdicts, pending, start, draft_s, run_s, self.clock())
         return [self.requests[rid].output() for rid in dict.fromkeys(s.request_id for s in batch.seqs)]
+
+    def _timed(self, fn, *args):
+        t0 = self.clock()
+        return fn(*args), self.clock() - t0
 
     @contextmanager
     def _transaction(self, batch: ScheduledBatch):

@@ -48,6 +48,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
+    def live_ids(self) -> tuple[set, set]:
+        """Ids of the running and of the swapped-out sequences (a proposer keeps state for these only)."""
+        return {s.seq_id for s in self.running}, {s.seq_id for s in self.swapped}
+
     # ------------------------------------------------------------------ the mechanism policies use
     def admit(self, batch: ScheduledBatch, seq: Sequence, budget, chunk: bool = False) -> int:
         bm = self.block_manager

@@ -47,6 +47,8 @@ class Trace:
     dropped: int = 0                                   # oldest steps dropped to stay within max_steps
     spec_stats: dict = field(default_factory=new_spec_stats)
     count: int = 0                                     # steps recorded so far (the next step's number)
+    block_bytes: int = 0                               # bytes of one KV block (all layers, K and V)
+    block_size: int = 1                                # tokens per block
 
     def record(self, rec: StepRecord):
         if self.enabled:
@@ -77,15 +79,16 @@ class Trace:
                 fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
         return {**pending, "used": bm.num_blocks - bm.num_free, "free": bm.num_free, "filled": sum(fill.values())}
 
-    def after_update(self, batch, drafts, verdicts, pending: dict, times: list, block_bytes: int, block_size: int):
-        """times: clock at the step's start, after proposing, after the model call, now."""
-        start, t_draft, t_run, end = times
+    def after_update(self, batch, drafts, verdicts, pending: dict, start: float, draft_seconds: float,
+                     run_seconds: float, end: float):
+        """The step's record: it began at `start`, proposing took draft_seconds, the model call run_seconds."""
+        block_bytes, block_size = self.block_bytes, self.block_size
         spec = []
         for row, d, v, before in zip(batch.rows, drafts, verdicts, pending["before"]):
             if row.lookahead and v.error is None:
                 spec.append((row, d, v, before))
         if spec or any(r.lookahead for r in batch.rows):
-            self._count_spec(spec, t_draft - start, t_run - t_draft)
+            self._count_spec(spec, draft_seconds, run_seconds)
         if self.enabled:
             rows = [r for r in batch.rows if r.writes]
             phases = ["prefill" if r.prefill else "decode" for r in rows] + ["fork"] * len(batch.forks)
@@ -98,7 +101,7 @@ class Trace:
                 blocks_free=pending["free"], kv_bytes_used=pending["used"] * block_bytes,
                 kv_bytes_filled=pending["filled"] * block_bytes // block_size, start=start, seconds=end - start,
                 spec=[self._spec_entry(r, v, b) for r, _, v, b in spec],
-                draft_seconds=t_draft - start, verify_seconds=t_run - t_draft))
+                draft_seconds=draft_seconds, verify_seconds=run_seconds))
         self.count += 1
 
     @staticmethod

@@ -144,3 +144,21 @@ def test_kv_copy_and_swap_move_the_data():
     kv.k[:, 1] = 0
     sw.swap_in(kv, [(0, 2)])
     assert torch.equal(kv.k[:, 2], before)
+
+
+def test_a_block_name_depends_on_its_parent_and_is_a_cryptographic_hash():
+    """Equal tokens after different prefixes are different blocks: a prompt [A, X] must not hit the cached [B, X]
+    (a hash of the block's own tokens alone would serve another prefix's K/V). SHA-256 of the chain, as vLLM
+    (CVE-2025-25183: Python's hash() collides on purpose-built inputs)."""
+    h = BlockManager.chain_hash
+    assert h(None, [1, 2]) == h(None, [1, 2]) and h(h(None, [1, 2]), [3, 4]) != h(h(None, [5, 6]), [3, 4])
+    assert isinstance(h(None, [1]), bytes) and len(h(None, [1])) == 32
+    bm = BlockManager(8, 2, enable_prefix_caching=True)
+    first = seq([7, 8, 3, 4, 9])
+    bm.allocate_prompt(first)
+    first.num_computed = 5
+    bm.mark_computed(first)
+    other = seq([5, 6, 3, 4, 9])                  # second block equal, first not
+    assert bm.allocate_prompt(other) == 0 and set(other.block_table).isdisjoint(first.block_table)
+    same = seq([7, 8, 3, 4, 1])
+    assert bm.allocate_prompt(same) == 4          # both full blocks hit

@@ -41,3 +41,17 @@ def test_greedy_takes_the_first_maximum():
 
 def test_stop_accepts_a_single_string():
     assert SamplingParams(stop="\n").stop == ["\n"]
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_p_exactly():
+    """p = [0.5, 0.25, 0.25] (exact in float32), top_p = 0.75: the first two tokens already reach 0.75, so the
+    third is dropped (mass strictly before a token >= top_p drops it; '>' would keep it)."""
+    import math
+
+    import torch
+
+    from minillm.sampling import probs_from_logits
+    logits = torch.tensor([math.log(2.0), 0.0, 0.0])
+    p = probs_from_logits(logits, 1.0, 0, 0.75)
+    assert p[2] == 0.0 and torch.allclose(p, torch.tensor([2 / 3, 1 / 3, 0.0]))
+    assert probs_from_logits(logits, 1.0, 0, 0.7500001)[2] > 0.0   # just past the boundary: the third is needed

@@ -10,7 +10,7 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import minillm.viz as viz  # noqa: E402
-from viz.quant import outlier_channels  # noqa: E402
+from minillm.viz.quant import outlier_channels  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
