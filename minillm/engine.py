@@ -22,8 +22,6 @@ import zlib
 from contextlib import contextmanager
 from typing import Callable, Optional
 
-import torch
-
 from .batch import ScheduledBatch
 from .detokenizer import Detokenizer
 from .model_runner import ModelRunner
@@ -96,7 +94,7 @@ class LLMEngine:
             raise ValueError("prompt is bytes: pass text (str, e.g. prompt.decode('utf-8')) or a list of token ids")
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, torch.Tensor) and prompt.dim() == 1 and not prompt.is_floating_point():
+        elif hasattr(prompt, "tolist") and getattr(prompt, "ndim", 0) == 1:   # a numpy array or torch tensor
             ids = prompt.tolist()
         elif hasattr(prompt, "__len__") and not isinstance(prompt, dict):
             ids = list(prompt)

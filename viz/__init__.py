@@ -3,7 +3,8 @@
 viz draws the plain data that minillm records or measures (Trace steps, minillm.profiling results,
 tensors); it never reaches into the engine's internals, and minillm never imports it.
 One concept per file: engine_path, trace, sampling, architecture, forward_breakdown, attention,
-rope, kv_cache, decode_timing, training, serving, kernels, flash, quant, spec (diagram and _figure are the shared drawing kit).
+rope, kv_cache, decode_timing, training, serving, kernels, flash, quant, spec, medusa_tree (diagram and _figure are the
+shared drawing kit).
 """
 from .architecture import draw_llama_block, llama_steps
 from .attention import plot_attention

@@ -132,7 +132,7 @@ def serving_explorer(model, tokenizer, workload, max_model_len: int = 256):
     def show(block_size=16, kv_sequences=4.0, batching="continuous", token_budget=0):
         opts = dict(block_size=block_size, max_model_len=max_model_len, kv_cache_bytes=int(kv_sequences * per_seq),
                     batching=batching, trace=True)
-        if token_budget:
+        if token_budget and batching == "continuous":   # chunked prefill is a continuous-batching policy
             opts.update(enable_chunked_prefill=True, max_num_batched_tokens=token_budget)
         res, engine, _ = replay(model, tokenizer, workload, batching, return_engine=True, **opts)
         print(f"{res.throughput:.0f} tokens/s, TTFT p50 {res.ttft_p50 * 1e3:.0f} ms, KV waste {res.kv_waste:.1%}, "
