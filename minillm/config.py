@@ -190,9 +190,7 @@ class EngineConfig:
         if self.quant_config is not None and not isinstance(self.quant_config, dict):
             raise ValueError(f"EngineConfig.quant_config must be None or a dict, got {self.quant_config!r}")
         if self.speculative is not None and not isinstance(self.speculative, dict):
-            from .speculative import SpeculativeConfig    # imports torch: only when it might be one
-            if not isinstance(self.speculative, SpeculativeConfig):
-                raise ValueError(f"EngineConfig.speculative must be None or a dict with a 'method', got {self.speculative!r}")
+            raise ValueError(f"EngineConfig.speculative must be None or a dict with a 'method', got {self.speculative!r}")
 
         # Options that contradict each other are refused, not silently ignored.
         if self.enable_chunked_prefill and self.batching != "continuous":

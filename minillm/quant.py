@@ -279,7 +279,8 @@ class AWQLinear(Int4Linear):
 
 def calibration_ids(tokenizer, tokens: int = 2048, T: int = 256) -> torch.Tensor:
     """Calibration text: the packaged Hamlet excerpt (training data, never the held-out plays) -> (B, T)."""
-    ids = tokenizer.encode(open(SAMPLE_TEXT, encoding="utf-8").read())[:tokens]
+    with open(SAMPLE_TEXT, encoding="utf-8") as f:
+        ids = tokenizer.encode(f.read())[:tokens]
     n = len(ids) // T
     return torch.tensor(ids[:n * T]).view(n, T)
 

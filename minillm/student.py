@@ -35,6 +35,18 @@ def student_notebook(nb: dict) -> dict:
     return nb
 
 
+def read_notebook(path: str) -> dict:
+    """The notebook's JSON, or a ValueError naming the file (not a KeyError from deep in student_notebook)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            nb = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a notebook (invalid JSON: {e})") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError(f"{path}: not a notebook (no list of cells in it)")
+    return nb
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m minillm student SRC_DIR DST_DIR", file=sys.stderr)
@@ -47,8 +59,7 @@ def main(argv: list[str]) -> int:
     names = sorted(n for n in os.listdir(src) if n.endswith(".ipynb"))  # a missing SRC fails before DST is made
     os.makedirs(dst, exist_ok=True)
     for name in names:
-        with open(os.path.join(src, name), encoding="utf-8") as f:
-            nb = json.load(f)
+        nb = read_notebook(os.path.join(src, name))
         with open(os.path.join(dst, name), "w", encoding="utf-8") as f:
             json.dump(student_notebook(nb), f, indent=1, ensure_ascii=False)
             f.write("\n")

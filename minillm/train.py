@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from .checkpoint import load_bin, save_bin
 from .config import ModelConfig
+from .loader import load_checkpoint
 from .model import Transformer
 from .progress import progress
 
@@ -246,7 +247,8 @@ def unigram_loss(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: i
 
 
 def load_teacher(path: str) -> Transformer:
-    return load_bin(path).eval()
+    """A v0 .bin or a runq.c Q8_0 file: a teacher only runs forward, so a quantized one serves."""
+    return load_checkpoint(path).eval()
 
 
 # ---------------------------------------------------------------------------- data preparation and CLI

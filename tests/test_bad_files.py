@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minillm import load
-from minillm.checkpoint import HEADER, expected_size, load_bin, save_bin
+from minillm.checkpoint import expected_size, load_bin, save_bin
 from minillm.config import ModelConfig
 from minillm.hf import load_hf, pairs_to_hf, read_config
 from minillm.model import Transformer
@@ -228,4 +228,3 @@ def test_load_still_takes_what_it_took(tmp_path):
     tok.save(str(tmp_path / "tokenizer.bin"))
     net, _ = load(tmp_path / "m.bin")                                  # a PathLike
     assert net.config.to_dict() == model.config.to_dict()
-    assert HEADER.size == 28

@@ -151,7 +151,35 @@ def test_every_subcommand_reports_user_mistakes_in_one_line(argv, says, capsys):
     assert says in one_error_line(capsys.readouterr().err)
 
 
-def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
+@pytest.mark.parametrize("error", [TypeError("bad type\nsecond line"), ValueError("bad value"), FileNotFoundError("nope")])
+@pytest.mark.parametrize("cmd", ["run", "bench", "train", "ship", "student"])
+def test_user_errors_from_any_subcommand_are_one_line(cmd, error, monkeypatch, capsys):
+    import importlib
+    module = importlib.import_module({"run": "minillm.runc"}.get(cmd, f"minillm.{cmd}"))
+
+    def fail(argv):
+        raise error
+
+    monkeypatch.setattr(module, "main", fail)
+    assert main([cmd]) == 2
+    assert one_error_line(capsys.readouterr().err) == "error: " + " ".join(str(error).split("\n"))
+
+
+def test_student_names_a_file_that_is_not_a_notebook(tmp_path, capsys):
+    (tmp_path / "nb").mkdir()
+    for text in ("[]", "{not json", '{"cells": 3}'):
+        (tmp_path / "nb" / "a.ipynb").write_text(text)
+        assert main(["student", str(tmp_path / "nb"), str(tmp_path / "out")]) == 2
+        assert f"{tmp_path / 'nb' / 'a.ipynb'}: not a notebook" in one_error_line(capsys.readouterr().err)
+
+
+def test_train_refuses_to_overwrite_a_run(tmp_path, capsys, monkeypatch):
+    import minillm.train
+
+    def prepare_data(*args, **kwargs):                                  # where an unrefused run would go on
+        raise AssertionError("the run was not refused: it went on to prepare its data")
+
+    monkeypatch.setattr(minillm.train, "prepare_data", prepare_data)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "model.bin").write_bytes(b"a finished run")
     assert main(["train", "--out", str(tmp_path / "run"), "--data-dir", str(tmp_path / "data")]) == 2
