@@ -44,23 +44,15 @@ def test_cuda_forward_equals_torch_through_a_paged_pool(micro):
         assert_close(g, w, atol=1e-5, rtol=1e-5, name="cuda backend vs torch")
 
 
-def test_engine_serves_on_the_cuda_backend():
+def test_engine_serves_and_speculates_on_the_cuda_backend():
+    """The engine on the kernels, with n-gram speculation: verification rows are ordinary rows for the kernels
+    (each query token attends to positions 0..its own), so the output is plain greedy decoding's."""
     cfg = ModelConfig(dim=16, hidden_dim=24, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=260, max_seq_len=16)
     model, tok = Transformer(cfg).init_weights(seed=4, std=0.3).eval(), sample_tokenizer(260)
-    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    llm = LLM(model, tokenizer=tok, backend="cuda", block_size=4)
-    assert llm.engine.kv.k.device == llm.engine.runner.model.device          # the pool where the kernels run
-    got = llm.generate([[1, 5]], greedy)[0].token_ids
-    assert got == LLM(model, tokenizer=tok, block_size=4).generate([[1, 5]], greedy)[0].token_ids
-
-
-def test_chain_speculation_on_the_cuda_backend_equals_plain_greedy():
-    """Verification rows are ordinary rows for the kernels (each query token attends to positions 0..its own)."""
-    cfg = ModelConfig(dim=16, hidden_dim=24, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=260, max_seq_len=16)
-    model, tok = Transformer(cfg).init_weights(seed=4, std=0.3).eval(), sample_tokenizer(260)
-    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-    prompt = [[1, 5, 6, 5, 6, 5]]                                              # a loop for the n-gram lookup
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)    # a prefill, then one verification
+    prompt = [[1, 5, 6, 5]]                                    # "5" seen before, followed by "6": a draft at once
     llm = LLM(model, tokenizer=tok, backend="cuda", block_size=4, speculative={"method": "ngram", "gamma": 2})
+    assert llm.engine.kv.k.device == llm.engine.runner.model.device          # the pool where the kernels run
     got = llm.generate(prompt, greedy)[0].token_ids
     assert llm.engine.spec_stats["drafted"] > 0
     assert got == LLM(model, tokenizer=tok, block_size=4).generate(prompt, greedy)[0].token_ids
