@@ -45,13 +45,14 @@ def test_cuda_forward_equals_torch_through_a_paged_pool(micro):
 
 
 def test_engine_serves_and_speculates_on_the_cuda_backend():
-    """The engine on the kernels, with n-gram speculation: verification rows are ordinary rows for the kernels
-    (each query token attends to positions 0..its own), so the output is plain greedy decoding's."""
+    """The engine on the kernels, speculating (the model as its own draft, on torch): verification rows are
+    ordinary rows for the kernels (each query token attends to positions 0..its own), so the output is plain
+    greedy decoding's."""
     cfg = ModelConfig(dim=16, hidden_dim=24, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=260, max_seq_len=16)
     model, tok = Transformer(cfg).init_weights(seed=4, std=0.3).eval(), sample_tokenizer(260)
     greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)    # a prefill, then one verification
-    prompt = [[1, 5, 6, 5]]                                    # "5" seen before, followed by "6": a draft at once
-    llm = LLM(model, tokenizer=tok, backend="cuda", block_size=4, speculative={"method": "ngram", "gamma": 2})
+    prompt = [[1, 5, 6, 5]]
+    llm = LLM(model, tokenizer=tok, backend="cuda", block_size=4, speculative={"method": "draft", "gamma": 1, "model": model})
     assert llm.engine.kv.k.device == llm.engine.runner.model.device          # the pool where the kernels run
     got = llm.generate(prompt, greedy)[0].token_ids
     assert llm.engine.spec_stats["drafted"] > 0
