@@ -4,7 +4,7 @@ head, the pair (x[2j], x[2j+1]) is rotated by the angle pos * freq_j,
     x[2j]   <- x[2j] cos - x[2j+1] sin
     x[2j+1] <- x[2j] sin + x[2j+1] cos,
 
-with cos, sin read from tables (S, D/2) precomputed once (minillm.model.rope_tables, cast to
+with cos, sin read from tables (S, D/2) precomputed once (minillm.llama.transformer.rope_tables, cast to
 float32), as run.c does per token and vLLM's `rotary_embedding` kernel does from its cos_sin_cache.
 HF checkpoints use the other layout (pairs (j, j + D/2), "rotate_half"); the loaders permute wq/wk
 so that this one layout serves both.

@@ -1,12 +1,15 @@
 """minillm: a small, complete, from-scratch Llama inference engine to learn from and measure."""
+from . import _moved
 from .config import EngineConfig, ModelConfig
-from .engine import LLMEngine
-from .llm import LLM
-from .loader import available_models, load
-from .outputs import CompletionOutput, RequestOutput
-from .sampling import SamplingParams
-from .tokenizer import Tokenizer
+from .engine.engine import LLMEngine
+from .engine.llm import LLM
+from .formats.loader import available_models, load
+from .core.outputs import CompletionOutput, RequestOutput
+from .core.sampling import SamplingParams
+from .llama.tokenizer import Tokenizer
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineConfig",
            "ModelConfig", "Tokenizer", "load", "available_models"]
 __version__ = "0.1.0"
+
+_moved.install()   # minillm.scheduler and the other pre-subpackage paths: a DeprecationWarning naming the new one

@@ -40,8 +40,8 @@ def generate_main(argv: list[str]) -> int:
     from dataclasses import fields
 
     from .config import EngineConfig
-    from .llm import LLM
-    from .sampling import SamplingParams
+    from .engine.llm import LLM
+    from .core.sampling import SamplingParams
 
     ap = argparse.ArgumentParser(prog="python -m minillm generate")
     ap.add_argument("--model", required=True, help="registered name, random:<preset>, a .bin file or a HF directory")
@@ -94,15 +94,15 @@ def _command(cmd: str):
     if cmd == "generate":
         return generate_main
     if cmd == "run":
-        from .runc import main
+        from .engine.runc import main
     elif cmd == "bench":
-        from .bench import main
+        from .bench.cli import main
     elif cmd == "ship":
-        from .ship import main
+        from .training.ship import main
     elif cmd == "train":
-        from .train import main
+        from .training.train import main
     else:
-        from .student import main
+        from .labs.student import main
     return main
 
 

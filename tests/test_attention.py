@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from minillm.attention import AttentionMetadata, gather_kv, paged_attention
+from minillm.llama.attention import AttentionMetadata, gather_kv, paged_attention
 
 
 def reference(q, k, v, positions, n):

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from minillm import load
-from minillm.checkpoint import expected_size, load_bin, save_bin
+from minillm.formats.llama2c import expected_size, load_bin, save_bin
 from minillm.config import ModelConfig
-from minillm.hf import load_hf, pairs_to_hf, read_config
-from minillm.model import Transformer
+from minillm.formats.hf import load_hf, pairs_to_hf, read_config
+from minillm.llama.transformer import Transformer
 
 MB = 1 << 20
 
@@ -66,7 +66,7 @@ def test_v0_absurd_dimension_names_the_field(tmp_path):
 
 
 def test_runq_header_is_checked_against_the_file_size_before_reading_it(tmp_path):
-    from minillm.runq import HEADER_BYTES, load_runq, save_runq
+    from minillm.formats.runq import HEADER_BYTES, load_runq, save_runq
     good = tmp_path / "q.bin"
     save_runq(tiny_model(), good, group_size=16)
     head = bytearray(good.read_bytes()[:HEADER_BYTES])

@@ -8,7 +8,7 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.config import ModelConfig
-from minillm.model import ROPE_ROWS, Transformer
+from minillm.llama.transformer import ROPE_ROWS, Transformer
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from minillm.bench_serve import replay
-from minillm.loader import random_model
-from minillm.workload import SkipClock, make_workload
+from minillm.bench.serve import replay
+from minillm.formats.loader import random_model
+from minillm.bench.workload import SkipClock, make_workload
 
 
 def test_workload_is_seeded_skewed_and_shares_prefixes():
@@ -40,7 +40,7 @@ def test_replay_serves_every_request_exactly(opts):
 
 
 def test_memory_by_request_matches_the_engines_own_peak_and_paging_wastes_less():
-    from minillm.bench_serve import memory_by_request
+    from minillm.bench.serve import memory_by_request
     model, tok = random_model("tiny")
     wl = make_workload(4, 512, rate=0, prompt_median=10, output_median=8, max_len=64, seed=2)
     per_token = model.config.kv_bytes_per_token(4)

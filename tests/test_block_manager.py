@@ -1,9 +1,9 @@
 """The block manager alone (no model): ownership, copy-on-write, prefix caching, swap, and invariants."""
 from hypothesis import given, settings, strategies as st
 
-from minillm.block_manager import BlockManager
-from minillm.sampling import SamplingParams
-from minillm.sequence import Sequence
+from minillm.core.block_manager import BlockManager
+from minillm.core.sampling import SamplingParams
+from minillm.core.sequence import Sequence
 
 _ids = iter(range(10**9))
 
@@ -133,7 +133,7 @@ def test_random_operations_keep_every_invariant(ops, caching, block_size):
 def test_kv_copy_and_swap_move_the_data():
     import torch
     from minillm.config import ModelConfig
-    from minillm.kv_cache import KVCache, SwapSpace
+    from minillm.llama.kv_cache import KVCache, SwapSpace
     kv = KVCache(ModelConfig.from_name("tiny"), num_blocks=4, block_size=2)
     kv.k.normal_(), kv.v.normal_()
     before = kv.k[:, 1].clone()

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from close import assert_close
-from minillm.checkpoint import expected_size, load_bin, save_bin
+from minillm.formats.llama2c import expected_size, load_bin, save_bin
 from minillm.config import ModelConfig
-from minillm.hf import hf_to_pairs, load_hf, pairs_to_hf, read_config
-from minillm.model import Transformer
+from minillm.formats.hf import hf_to_pairs, load_hf, pairs_to_hf, read_config
+from minillm.llama.transformer import Transformer
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -153,7 +153,7 @@ def test_hf_refuses_what_it_cannot_run(tmp_path):
     with pytest.raises(ValueError, match="hidden_act='gelu'"):
         load_hf(tmp_path)
     json.dump({**c, "eos_token_id": [2, 7]}, open(tmp_path / "config.json", "w"))
-    from minillm.hf import HFTokenizer
+    from minillm.formats.hf import HFTokenizer
     from tokenizers import Tokenizer as HFTok, models
     HFTok(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
     assert HFTokenizer(str(tmp_path)).stop_ids == {2, 7}  # newer configs list several end tokens
@@ -176,9 +176,13 @@ def _imports(module) -> set[str]:
 
 
 def test_no_import_circle_between_checkpoint_runq_quant_and_loader():
-    """checkpoint -> runq -> quant -> loader -> checkpoint was a circle, hidden by imports inside functions."""
+    """checkpoint -> runq -> quant -> loader -> checkpoint was a circle, hidden by imports inside functions (now
+    formats.llama2c, formats.runq, quantization.calibration, formats.loader; tests/test_layers.py checks every
+    module for circles)."""
     import importlib
-    mods = {n: importlib.import_module(f"minillm.{n}") for n in ("paths", "checkpoint", "runq", "quant", "loader")}
+    names = {"paths": "paths", "checkpoint": "formats.llama2c", "runq": "formats.runq", "quant": "quantization.calibration",
+             "loader": "formats.loader"}
+    mods = {n: importlib.import_module(f"minillm.{m}") for n, m in names.items()}
     assert not any(m.startswith("minillm") for m in _imports(mods["paths"]))   # the bottom of the graph
     assert not any("runq" in m for m in _imports(mods["checkpoint"])), _imports(mods["checkpoint"])
     assert not any("loader" in m for m in _imports(mods["quant"])), _imports(mods["quant"])
@@ -187,12 +191,12 @@ def test_no_import_circle_between_checkpoint_runq_quant_and_loader():
 
 
 def test_load_bin_names_a_runq_file_and_where_to_read_it(tmp_path):
-    from minillm.loader import load_checkpoint
-    from minillm.runq import save_runq
+    from minillm.formats.loader import load_checkpoint
+    from minillm.formats.runq import save_runq
     model = Transformer(ModelConfig.from_name("tiny", max_seq_len=16)).init_weights(0)
     save_runq(model, tmp_path / "q.bin")
     with pytest.raises(ValueError, match=r"q.bin: a runq.c version-2 \(Q8_0\) file \(magic 'ak42'\); read it with "
-                                         r"minillm.load or minillm.runq.load_runq"):
+                                         r"minillm.load or minillm.formats.runq.load_runq"):
         load_bin(tmp_path / "q.bin")
     assert type(load_checkpoint(tmp_path / "q.bin").layers[0].attention.wq).__name__ == "Q80Linear"
     save_bin(model, tmp_path / "m.bin")
@@ -203,8 +207,8 @@ def test_readers_close_their_files(tmp_path):
     """No file handle is left for the garbage collector (a ResourceWarning each, and on Windows a locked file)."""
     import gc
     import warnings
-    from minillm.loader import load_checkpoint
-    from minillm.runq import is_runq, save_runq
+    from minillm.formats.loader import load_checkpoint
+    from minillm.formats.runq import is_runq, save_runq
     model = Transformer(ModelConfig.from_name("tiny", max_seq_len=16)).init_weights(0)
     save_bin(model, tmp_path / "m.bin")
     save_runq(model, tmp_path / "q.bin")

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from minillm.__main__ import main
-from minillm.sampling import RunCSampler
+from minillm.core.sampling import RunCSampler
 
 GOLDEN = [  # file, run.c arguments (see tests/data/README.md)
     ("golden_greedy.txt", ["-t", "0", "-n", "0", "-i", "Hamlet"]),
@@ -114,8 +114,8 @@ def test_bench_batched_quick_with_a_stand_in_runc(tmp_path):
     fake.write_text('#!/bin/sh\necho "achieved tok/s: 50.0" >&2\n')
     fake.chmod(0o755)
     model, tok = tmp_path / "m.bin", tmp_path / "tokenizer.bin"
-    from minillm.checkpoint import save_bin
-    from minillm.loader import random_model
+    from minillm.formats.llama2c import save_bin
+    from minillm.formats.loader import random_model
     net, t = random_model("tiny")
     save_bin(net, str(model))
     t.save(str(tok))
@@ -155,7 +155,8 @@ def test_every_subcommand_reports_user_mistakes_in_one_line(argv, says, capsys):
 @pytest.mark.parametrize("cmd", ["run", "bench", "train", "ship", "student"])
 def test_user_errors_from_any_subcommand_are_one_line(cmd, error, monkeypatch, capsys):
     import importlib
-    module = importlib.import_module({"run": "minillm.runc"}.get(cmd, f"minillm.{cmd}"))
+    module = importlib.import_module({"run": "minillm.engine.runc", "bench": "minillm.bench.cli", "train": "minillm.training.train",
+                                      "ship": "minillm.training.ship", "student": "minillm.labs.student"}[cmd])
 
     def fail(argv):
         raise error
@@ -174,12 +175,12 @@ def test_student_names_a_file_that_is_not_a_notebook(tmp_path, capsys):
 
 
 def test_train_refuses_to_overwrite_a_run(tmp_path, capsys, monkeypatch):
-    import minillm.train
+    import minillm.training.train
 
     def prepare_data(*args, **kwargs):                                  # where an unrefused run would go on
         raise AssertionError("the run was not refused: it went on to prepare its data")
 
-    monkeypatch.setattr(minillm.train, "prepare_data", prepare_data)
+    monkeypatch.setattr(minillm.training.train, "prepare_data", prepare_data)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "model.bin").write_bytes(b"a finished run")
     assert main(["train", "--out", str(tmp_path / "run"), "--data-dir", str(tmp_path / "data")]) == 2

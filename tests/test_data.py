@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from minillm.data import build_corpus, clean_text, encode_works, fetch_sdist, pair_editions, read_works
-from minillm.loader import sample_tokenizer
+from minillm.training.data import build_corpus, clean_text, encode_works, fetch_sdist, pair_editions, read_works
+from minillm.formats.loader import sample_tokenizer
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.loader import random_model
+from minillm.formats.loader import random_model
 
 PROMPTS = ["To be, or not to be", "Hamlet", "Who's there?", "O, what a rogue and peasant slave am I!"]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -108,7 +108,7 @@ def test_stop_token_ids_and_eos(tiny):
 
 def test_bos_ends_a_llama2c_text_unless_ignore_eos(tiny):
     """run.c stops at BOS, and so does the engine: a model that always prefers BOS stops at once."""
-    from minillm.model import Transformer
+    from minillm.llama.transformer import Transformer
 
     class LovesBOS(Transformer):
         def forward(self, *args, **kw):
@@ -248,12 +248,12 @@ def test_stop_and_special_tokens_never_reach_the_text(tiny):
 
 
 def test_default_pool_is_capped_and_a_too_small_one_names_the_bytes(tiny):
-    from minillm.kv_cache import DEFAULT_KV_CAP
+    from minillm.llama.kv_cache import DEFAULT_KV_CAP
     from minillm.config import ModelConfig
-    from minillm.model import Transformer
+    from minillm.llama.transformer import Transformer
     from minillm.config import EngineConfig
-    from minillm.engine import LLMEngine
-    from minillm.loader import sample_tokenizer
+    from minillm.engine.engine import LLMEngine
+    from minillm.formats.loader import sample_tokenizer
     big = Transformer(ModelConfig.from_name("stories110M", vocab_size=300, n_layers=1))
     e = LLMEngine.from_model(big, sample_tokenizer(300), EngineConfig(max_num_seqs=512))  # 512 x 1024 tokens would be 1.5 GB
     assert e.kv.nbytes <= DEFAULT_KV_CAP
@@ -263,8 +263,8 @@ def test_default_pool_is_capped_and_a_too_small_one_names_the_bytes(tiny):
 
 def test_hf_style_decoding_keeps_the_leading_space():
     """SentencePiece decoders strip a leading space at the start of a text; generated text is not a start."""
-    from minillm.detokenizer import Detokenizer
-    from minillm.sequence import Sequence
+    from minillm.core.detokenizer import Detokenizer
+    from minillm.core.sequence import Sequence
 
     class StripTok:  # decodes each id as " w<id>", then strips one leading space, as Llama's tokenizer.json does
         stop_ids = {2}
@@ -359,7 +359,7 @@ def test_static_batching_admits_only_into_an_empty_batch_and_pads(tiny):
 def test_dynamic_batching_waits_for_the_window_or_a_full_batch(tiny):
     model, tok = tiny
     from minillm.config import EngineConfig
-    from minillm.engine import LLMEngine
+    from minillm.engine.engine import LLMEngine
     now = [0.0]
     engine = LLMEngine.from_model(model, tok, EngineConfig(batching="dynamic", batch_window_s=1.0, max_num_seqs=3, dtype="float64"),
                        clock=lambda: now[0])

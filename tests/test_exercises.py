@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from minillm.exercises import CHECKERS
-from minillm.student import strip_solutions, student_notebook
+from minillm.labs import CHECKERS
+from minillm.labs.student import strip_solutions, student_notebook
 
 NB_DIR = os.path.join(os.path.dirname(__file__), "..", "notebooks")
 NOTEBOOKS = sorted(glob.glob(os.path.join(NB_DIR, "*.ipynb")))

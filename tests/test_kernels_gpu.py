@@ -46,7 +46,7 @@ def test_rmsnorm_rope_softmax_swiglu():
 
 
 def test_attention_kernels_equal_torch():
-    from minillm.attention import AttentionMetadata, paged_attention
+    from minillm.llama.attention import AttentionMetadata, paged_attention
     from minillm.kernels.flash_attention import flash_attention_cuda
     from minillm.kernels.paged_attention import flash_decoding_cuda, paged_attention_cuda
     T, H, Hkv, D = 200, 8, 2, 64

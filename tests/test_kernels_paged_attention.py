@@ -1,11 +1,11 @@
 """CPU twins of paged decode attention and Flash-Decoding at real shapes: against the engine's torch
-paged attention (minillm.attention) and a plain torch reference, against each other, and batch-independent."""
+paged attention (minillm.llama.attention) and a plain torch reference, against each other, and batch-independent."""
 import numpy as np
 import pytest
 import torch
 from close import assert_close
 
-from minillm.attention import AttentionMetadata, paged_attention
+from minillm.llama.attention import AttentionMetadata, paged_attention
 from minillm.kernels.flash_attention import flash_attention_cpu
 from minillm.kernels.paged_attention import (flash_decoding_cpu, flash_decoding_rows, paged_attention_cpu,
                                              paged_attention_rows)
@@ -41,7 +41,7 @@ def torch_decode(q, k_pool, v_pool, tables, ctx):
 
 
 def engine_decode(q, k_pool, v_pool, tables, ctx):
-    """minillm.attention.paged_attention with one query token per row at position ctx - 1, in float64."""
+    """minillm.llama.attention.paged_attention with one query token per row at position ctx - 1, in float64."""
     t = torch.from_numpy(ctx)
     attn = AttentionMetadata(None, torch.from_numpy(tables), t, (t - 1)[:, None])
     return paged_attention(torch.from_numpy(q)[:, None].double(), torch.from_numpy(k_pool).double(),
@@ -66,7 +66,7 @@ def test_paged_attention_rows_equals_torch(ctx, H, Hkv, D, BS):
     paged_attention_rows(q, k_pool, v_pool, tables, ctx, out)
     got = torch.from_numpy(out).double()
     assert_close(got, torch_decode(q, k_pool, v_pool, tables, ctx), **TOL, name="paged vs plain torch")
-    assert_close(got, engine_decode(q, k_pool, v_pool, tables, ctx), **TOL, name="paged vs minillm.attention")
+    assert_close(got, engine_decode(q, k_pool, v_pool, tables, ctx), **TOL, name="paged vs minillm.llama.attention")
 
 
 @pytest.mark.parametrize("ctx,H,Hkv,D,BS", CASES)

@@ -9,7 +9,7 @@ from minillm.kernels.rmsnorm import add_rmsnorm_cpu, add_rmsnorm_rows, bytes_mov
 
 
 def reference(x, w, eps=1e-5):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w     # minillm.model.RMSNorm
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w     # minillm.llama.transformer.RMSNorm
 
 
 # float32 sums of C <= 288 squares in another order: the scale carries ~sqrt(C) * 6e-8 ~ 1e-6 relative

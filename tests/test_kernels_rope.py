@@ -1,4 +1,4 @@
-"""CPU twin of RoPE at real shapes against minillm.model.apply_rope (torch), batch independence, and the
+"""CPU twin of RoPE at real shapes against minillm.llama.transformer.apply_rope (torch), batch independence, and the
 position guard."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import torch
 from close import assert_close
 
 from minillm.kernels.rope import rope_cpu, rope_rows
-from minillm.model import apply_rope, rope_tables
+from minillm.llama.transformer import apply_rope, rope_tables
 
 
 def tables(D, S):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams, load
-from minillm.attention import AttentionMetadata
+from minillm.llama.attention import AttentionMetadata
 from minillm.config import ModelConfig
-from minillm.kv_cache import KVCache
-from minillm.loader import MODELS_DIR
+from minillm.llama.kv_cache import KVCache
+from minillm.formats.loader import MODELS_DIR
 
 
 def test_int8_pool_bytes_and_error_bound():

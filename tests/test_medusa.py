@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from minillm import load
-from minillm.loader import MODELS_DIR
-from minillm.medusa import (DEFAULT_CHOICES, MedusaHeads, MedusaTree, _heads_loss, build_tree, greedy_accept,
-                            head_accuracy, load_medusa, save_medusa, train_medusa)
+from minillm.formats.loader import MODELS_DIR
+from minillm.spec_decode.medusa_tree import DEFAULT_CHOICES, MedusaTree, build_tree, greedy_accept
+from minillm.spec_decode.medusa_heads import MedusaHeads, load_medusa, save_medusa
+from minillm.training.medusa import _heads_loss, head_accuracy, train_medusa
 
 SHIPPED = os.path.join(MODELS_DIR, "shakespeare-medusa.bin")
 
@@ -137,7 +138,7 @@ def test_load_refuses_a_header_that_disagrees_with_the_target(tiny, tmp_path):
     """The fingerprint says 'made for this target', but the heads' own dim / vocab_size fields say otherwise:
     refused at load, not inside every engine step."""
     import struct
-    from minillm.medusa import FINGERPRINT, HEADER
+    from minillm.spec_decode.medusa_heads import FINGERPRINT, HEADER
     path = tmp_path / "h.bin"
     save_medusa(MedusaHeads(64, 512, 2), path, tiny)
     good = path.read_bytes()

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from close import assert_close
-from minillm.attention import AttentionMetadata
+from minillm.llama.attention import AttentionMetadata
 from minillm.config import ModelConfig
-from minillm.kv_cache import KVCache
-from minillm.model import Transformer
+from minillm.llama.kv_cache import KVCache
+from minillm.llama.transformer import Transformer
 
 
 def runc_forward(w: dict, cfg: ModelConfig, tokens: list[int]) -> np.ndarray:

@@ -1,12 +1,12 @@
-"""minillm.profiling: invariants of the measurements (never a timing)."""
+"""minillm.bench.profiling: invariants of the measurements (never a timing)."""
 import pytest
 import torch
 
 from minillm import profiling as P
 from minillm import roofline as R
 from minillm.config import ModelConfig
-from minillm.kv_cache import KVCache
-from minillm.loader import random_model
+from minillm.llama.kv_cache import KVCache
+from minillm.formats.loader import random_model
 
 
 @pytest.fixture(scope="module")

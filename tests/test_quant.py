@@ -7,7 +7,8 @@ from close import assert_close
 
 from minillm import LLM, SamplingParams, load
 from minillm.kernels.quant_gemv import quantize_int4, quantize_int8
-from minillm.quant import Int4Linear, Int8Linear, quantize_model
+from minillm.llama.linears import Int4Linear, Int8Linear
+from minillm.quantization.quantize import quantize_model
 
 
 def test_quantizers_stay_within_half_a_step_per_element():
@@ -60,7 +61,7 @@ def shipped():
 def val_loss(model, tok):
     """Mean cross-entropy over the packaged held-out slice, in 256-token windows (as the model card)."""
     import os
-    from minillm.loader import MODELS_DIR
+    from minillm.formats.loader import MODELS_DIR
     ids = torch.tensor(tok.encode(open(os.path.join(MODELS_DIR, "val_slice.txt")).read()))
     n = (len(ids) - 1) // 256
     x, y = ids[:n * 256].view(n, 256), ids[1:n * 256 + 1].view(n, 256)
@@ -104,7 +105,8 @@ def test_bad_quantization_options_name_the_value(kw, match):
 
 
 def test_w8a8_is_integer_arithmetic_and_smoothing_preserves_the_product():
-    from minillm.quant import W8A8Linear, smoothing_factors
+    from minillm.llama.linears import W8A8Linear
+    from minillm.quantization.calibration import smoothing_factors
     lin = torch.nn.Linear(64, 24, bias=False)
     x = torch.randn(5, 64)
     q = W8A8Linear.from_linear(lin)[0]
@@ -122,7 +124,7 @@ def test_smoothquant_rescues_w8a8_from_outlier_channels(shipped):
     outlier channels without changing its function (quant.with_outlier_channels: 3 channels x 60) and
     per-token int8 activations break (measured +3.5% perplexity), while SmoothQuant (alpha 0.5) stays
     within 0.1% (measured +0.07%). Bounds: naive > 1%, SmoothQuant < 0.5%."""
-    from minillm.quant import with_outlier_channels
+    from minillm.quantization.calibration import with_outlier_channels
     model, tok = shipped
     twin = with_outlier_channels(model)
     assert abs(val_loss(twin, tok) - val_loss(model, tok)) < 1e-4                # the same function
@@ -136,7 +138,8 @@ def test_awq_never_loses_to_plain_int4_on_its_own_calibration_objective():
     """Both AWQ searches include the plain choice (a = 0 is s = 1; clip fraction 1 is no clipping), so
     each layer's calibration output error can only shrink; and the module's one-row (GEMV) and batched
     paths agree. Whether that carries over to held-out perplexity is measured by `bench quant`."""
-    from minillm.quant import AWQLinear, awq_clip, awq_quantize, awq_scales, fake_int4
+    from minillm.llama.linears import AWQLinear
+    from minillm.quantization.awq import awq_clip, awq_quantize, awq_scales, fake_int4
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 128, generator=g) * 0.05
     x = torch.randn(256, 128, generator=g) * torch.linspace(0.1, 5.0, 128)          # some channels matter more

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from minillm import load
-from minillm.checkpoint import load_bin
-from minillm.loader import load_checkpoint
-from minillm.quant import Q80Linear, q80_group_size, q80_quantize, quantize_model
-from minillm.runq import load_runq, save_runq
+from minillm.formats.llama2c import load_bin
+from minillm.formats.loader import load_checkpoint
+from minillm.llama.linears import Q80Linear, q80_group_size, q80_quantize
+from minillm.quantization.quantize import quantize_model
+from minillm.formats.runq import load_runq, save_runq
 
 
 def runq_matmul(x, wq, ws, gs):

@@ -2,7 +2,7 @@
 import torch
 from hypothesis import given, settings, strategies as st
 
-from minillm.sampling import SamplingParams, probs_from_logits, sample
+from minillm.core.sampling import SamplingParams, probs_from_logits, sample
 
 
 @settings(deadline=None, derandomize=True, max_examples=60)
@@ -50,7 +50,7 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p_exactly():
 
     import torch
 
-    from minillm.sampling import probs_from_logits
+    from minillm.core.sampling import probs_from_logits
     logits = torch.tensor([math.log(2.0), 0.0, 0.0])
     p = probs_from_logits(logits, 1.0, 0, 0.75)
     assert p[2] == 0.0 and torch.allclose(p, torch.tensor([2 / 3, 1 / 3, 0.0]))

@@ -12,9 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 from hashmodel import HashModel, reference
 from minillm.config import EngineConfig
-from minillm.engine import LLMEngine
-from minillm.loader import sample_tokenizer
-from minillm.sampling import SamplingParams
+from minillm.engine.engine import LLMEngine
+from minillm.formats.loader import sample_tokenizer
+from minillm.core.sampling import SamplingParams
 
 V = 300
 
@@ -39,7 +39,7 @@ def check_prefix_cache(engine):
 
 def run_schedule(reqs, block_size, mode, caching, pool_blocks16, preempt, gamma, inject=None, **seams):
     """inject(engine, model): arm a fault before the run (steps that raise KeyboardInterrupt are retried);
-    seams: replacement parts for minillm.parts.prepare (a block manager, a policy ...)."""
+    seams: replacement parts for minillm.engine.parts.prepare (a block manager, a policy ...)."""
     tok = sample_tokenizer(V)
     model = HashModel()
     per_token = model.config.kv_bytes_per_token(8)

@@ -9,10 +9,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minillm import LLM, SamplingParams
-from minillm.batch import Draft, ScheduledBatch
-from minillm.loader import random_model
-from minillm.policies import SchedulingPolicy
-from minillm.proposer import Proposer
+from minillm.core.batch import Draft, ScheduledBatch
+from minillm.formats.loader import random_model
+from minillm.core.policies import SchedulingPolicy
+from minillm.core.proposer import Proposer
 from test_scheduler_fuzz import run_schedule
 
 PROMPTS = ["To be, or not to be", "Hamlet", "Who's there?", "O, what a rogue and peasant slave am I!"]
@@ -57,7 +57,7 @@ def test_a_policy_from_a_test_file_runs_the_engine(tiny, reference):
 # ---------------------------------------------------------------- block manager
 class PlainBlocks:
     """The smallest block manager the scheduler accepts: a free list and reference counts; no prefix caching,
-    no swap (written against the interface listed in minillm.block_manager's docstring)."""
+    no swap (written against the interface listed in minillm.core.block_manager's docstring)."""
 
     def __init__(self, num_blocks, block_size, enable_prefix_caching=False, swap_blocks=0):
         if enable_prefix_caching or swap_blocks:

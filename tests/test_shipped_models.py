@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams, load
-from minillm.acceptance import measure_acceptance
-from minillm.checkpoint import read_header
-from minillm.loader import MODELS_DIR
-from minillm.train import evaluate
+from minillm.spec_decode.acceptance import measure_acceptance
+from minillm.formats.llama2c import read_header
+from minillm.formats.loader import MODELS_DIR
+from minillm.training.train import evaluate
 
 CARD = json.load(open(os.path.join(MODELS_DIR, "card.json")))
 

@@ -13,10 +13,10 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig, ModelConfig
-from minillm.engine import LLMEngine
-from minillm.model import Transformer
-from minillm.ngram_proposer import ngram_lookup
-from minillm.speculative import SpeculativeConfig, predicted_speedup, residual, verify_greedy, verify_sampled
+from minillm.engine.engine import LLMEngine
+from minillm.llama.transformer import Transformer
+from minillm.spec_decode.ngram import ngram_lookup
+from minillm.spec_decode.config import SpeculativeConfig, predicted_speedup, residual, verify_greedy, verify_sampled
 
 P_FAIL = 1e-4
 
@@ -139,7 +139,7 @@ def test_first_three_sampled_tokens_match_exact_enumeration():
 
 @pytest.fixture(scope="module")
 def shipped64():
-    from minillm.loader import load
+    from minillm.formats.loader import load
     target, tok = load("shakespeare", dtype="float64")
     draft, _ = load("shakespeare-draft", dtype="float64")
     return target, draft, tok
@@ -257,8 +257,8 @@ def test_trace_records_drafted_accepted_and_emitted(shipped64):
 
 def prefill_kv(model, ids):
     """K and V of every layer for these tokens, as a plain prefill into a fresh pool writes them: (L, n, Hkv, D) each."""
-    from minillm.attention import AttentionMetadata
-    from minillm.kv_cache import KVCache
+    from minillm.llama.attention import AttentionMetadata
+    from minillm.llama.kv_cache import KVCache
     n = len(ids)
     kv = KVCache(model.config, num_blocks=n, block_size=1, dtype=torch.float64)
     attn = AttentionMetadata.build(torch.arange(n)[None], torch.arange(n)[None], torch.tensor([n]), 1)
@@ -291,7 +291,7 @@ def test_medusa_compacts_the_accepted_path_into_consecutive_slots(shipped64):
 
 def test_draft_on_the_numba_backend_drafts_the_same_tokens(shipped64):
     """draft_backend='numba' runs the draft as one compiled forward: same greedy drafts as torch's (float32)."""
-    from minillm.loader import load
+    from minillm.formats.loader import load
     target, tok = load("shakespeare")
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = []
@@ -330,7 +330,7 @@ def test_a_draft_pool_shortfall_drafts_less_instead_of_failing(shipped64):
     target, draft, tok = shipped64
     opts = dict(dtype="float64", max_model_len=64, block_size=16, max_num_seqs=1,
                 kv_cache_bytes=8 * 16 * target.config.kv_bytes_per_token(8))
-    from minillm.bench_spec import held_out_prompts
+    from minillm.bench.spec import held_out_prompts
     prompt = held_out_prompts(tok, 1, length=33)[0]                        # 2 full blocks shared by the 4 samples
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, n=4)
     want = run_all_n(LLMEngine.from_model(target, tok, EngineConfig(**opts)), prompt, sp)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from minillm.config import ModelConfig
-from minillm.loader import SAMPLE_TEXT, sample_tokenizer
-from minillm.train import TrainConfig, kd_loss, lr_at, train, unigram_loss
+from minillm.formats.loader import SAMPLE_TEXT, sample_tokenizer
+from minillm.training.train import TrainConfig, kd_loss, lr_at, train, unigram_loss
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +110,8 @@ def test_resume_reads_state_with_weights_only_and_refuses_code(tmp_path, tokens)
 
 def test_train_cli_refuses_an_existing_run_unless_forced(tmp_path, tokens, capsys):
     """`train --out DIR` on a finished run: refused, naming DIR; --resume continues it; --force starts over."""
-    from minillm.loader import sample_tokenizer
-    from minillm.train import _sha256, main
+    from minillm.formats.loader import sample_tokenizer
+    from minillm.training.train import _sha256, main
     tr, va = tokens
     data = tmp_path / "data"                       # a token cache prepare_data accepts as is: no corpus build
     data.mkdir()

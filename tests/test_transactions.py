@@ -5,7 +5,7 @@ while the others go on; LLM.generate aborts its requests when a step raises and 
 import pytest
 import torch
 
-import minillm.engine
+import minillm.engine.engine
 from hashmodel import HashModel, reference
 from minillm import LLM, SamplingParams
 from test_scheduler_fuzz import run_schedule
@@ -70,8 +70,8 @@ def test_an_exception_in_verification_restores_the_generators(monkeypatch):
     want = [c.token_ids for c in LLM("random:tiny", dtype="float64").generate("Who's there?", sp)[0].outputs]
     for at in (1, 2, 5):
         llm = LLM("random:tiny", dtype="float64", speculative={"method": "ngram", "gamma": 2})
-        monkeypatch.setattr(minillm.engine, "verify", minillm.verify.verify)
-        fail_once(minillm.engine, "verify", at, after=True)
+        monkeypatch.setattr(minillm.engine.engine, "verify", minillm.core.verify.verify)
+        fail_once(minillm.engine.engine, "verify", at, after=True)
         engine = llm.engine
         engine.add_request("Who's there?", sp)
         failures = 0
@@ -109,7 +109,7 @@ def test_a_logits_processor_returning_garbage_is_that_requests_error():
 
 
 def test_generate_aborts_its_requests_when_a_step_raises_and_the_engine_stays_usable():
-    from minillm.loader import sample_tokenizer
+    from minillm.formats.loader import sample_tokenizer
     model, tok = HashModel(), sample_tokenizer(300)
     llm = LLM(model, tokenizer=tok, dtype="float64", max_model_len=64, block_size=4, enable_prefix_caching=True)
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

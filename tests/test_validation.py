@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minillm.config import EngineConfig
-from minillm.sampling import SamplingParams
+from minillm.core.sampling import SamplingParams
 
 
 # ---------------------------------------------------------------- SamplingParams: types

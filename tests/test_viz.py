@@ -11,8 +11,8 @@ from matplotlib.figure import Figure  # noqa: E402
 import minillm.viz as viz  # noqa: E402
 from minillm import profiling as P  # noqa: E402
 from minillm.config import ModelConfig  # noqa: E402
-from minillm.model import rope_tables  # noqa: E402
-from minillm.trace import StepRecord  # noqa: E402
+from minillm.llama.transformer import rope_tables  # noqa: E402
+from minillm.core.trace import StepRecord  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -138,7 +138,7 @@ def test_plot_prefill_vs_decode():
 def test_viz_is_not_imported_by_the_engine():
     import subprocess
     import sys
-    code = ("import sys, minillm, minillm.profiling, minillm.llm; "
+    code = ("import sys, minillm, minillm.bench.profiling, minillm.engine.llm; "
             "print('matplotlib' in sys.modules, 'minillm.viz' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
@@ -186,7 +186,7 @@ def test_serving_timeline_and_block_map(tmp_path):
 
 def test_serving_memory_comparison_and_latency_plots():
     import minillm.viz as viz
-    from minillm.bench_serve import RequestMemory
+    from minillm.bench.serve import RequestMemory
     rows = {"paged": [RequestMemory("a", 5, 8 * 4, 5 * 4), RequestMemory("b", 9, 12 * 4, 9 * 4)],
             "contiguous": [RequestMemory("a", 5, 64 * 4, 5 * 4), RequestMemory("b", 9, 64 * 4, 9 * 4)]}
     fig = viz.plot_memory_bars(rows)
@@ -202,8 +202,8 @@ def test_serving_memory_comparison_and_latency_plots():
 
 def test_serving_explorer_is_a_widget():
     import minillm.viz as viz
-    from minillm.loader import random_model
-    from minillm.workload import make_workload
+    from minillm.formats.loader import random_model
+    from minillm.bench.workload import make_workload
     model, tok = random_model("tiny")
     w = viz.serving_explorer(model, tok, make_workload(3, 512, rate=0, prompt_median=6, output_median=3, max_len=64),
                              max_model_len=64)

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import minillm.viz as viz  # noqa: E402
-from minillm.loader import load_tokenizer  # noqa: E402
+from minillm.formats.loader import load_tokenizer  # noqa: E402
 from minillm.viz.spec import STYLE, ancestor_mask  # noqa: E402
 
 TOKENIZER = "minillm/models/tokenizer.bin"

@@ -1,6 +1,6 @@
 """minillm.viz: plots and widgets for the notebooks (matplotlib + ipywidgets).
 
-viz draws the plain data that minillm records or measures (Trace steps, minillm.profiling results,
+viz draws the plain data that minillm records or measures (Trace steps, minillm.bench.profiling results,
 tensors); it never reaches into the engine's internals, and minillm never imports it.
 One concept per file: engine_path, trace, sampling, architecture, forward_breakdown, attention,
 rope, kv_cache, decode_timing, training, serving, kernels, flash, quant, spec, medusa_tree (diagram and _figure are the

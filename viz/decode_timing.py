@@ -1,4 +1,4 @@
-"""Decode speed with and without a KV cache, and prefill vs decode, from minillm.profiling's results."""
+"""Decode speed with and without a KV cache, and prefill vs decode, from minillm.bench.profiling's results."""
 from __future__ import annotations
 
 from ._figure import COLORS, finish, new_figure

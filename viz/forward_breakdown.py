@@ -1,4 +1,4 @@
-"""Where one forward pass's parameters and time go, from minillm.profiling.forward_breakdown."""
+"""Where one forward pass's parameters and time go, from minillm.bench.profiling.forward_breakdown."""
 from __future__ import annotations
 
 from ._figure import finish, new_figure

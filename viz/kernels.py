@@ -2,7 +2,7 @@
 land under the machine's roofline, and the bytes a fused kernel saves.
 
 Each function draws plain data: an AccessLog (minillm.kernels.access_trace), the dict
-minillm.roofline.roofline returns, a list of dicts. Nothing here runs a kernel or times anything.
+minillm.bench.roofline.roofline returns, a list of dicts. Nothing here runs a kernel or times anything.
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def plot_roofline(result, title: str = ""):
     """Log-log: arithmetic intensity (flops per byte) against achieved FLOP/s. The slope is what the
     memory bandwidth allows, the flat roof the best FLOP/s measured; they meet at the ridge. Decode
     points (M = batch) sit left, on the slope: memory-bound; prefill points (M = tokens) sit right,
-    under the roof. Takes the dict minillm.roofline.roofline returns."""
+    under the roof. Takes the dict minillm.bench.roofline.roofline returns."""
     peak, bw = result["peak_flop_s"], result["bandwidth"]
     points = result["points"]
     ridge = peak / bw

@@ -2,7 +2,7 @@
 for), per-channel quantization error, perplexity against weight bytes (the Pareto picture), and the
 speedup of quantized decode against batch size.
 
-Each function draws plain data (tensors or arrays, minillm.bench_quant's `runs` dict, measured
+Each function draws plain data (tensors or arrays, minillm.bench.quant's `runs` dict, measured
 tok/s lists); nothing here quantizes or times anything.
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def plot_channel_error_heatmap(err, title: str = ""):
 
 def plot_pareto(rows: dict, baseline: str | None = None):
     """Perplexity change (%) against weight bytes, one labelled point per scheme: `rows` is
-    minillm.bench_quant.bench_quant()['runs'] ({label: {'weight_bytes', 'perplexity', ...}}).
+    minillm.bench.quant.bench_quant()['runs'] ({label: {'weight_bytes', 'perplexity', ...}}).
     Down and to the left is better; delta_ppl is used when present, else computed against
     `baseline` (default: the first row)."""
     if not rows:

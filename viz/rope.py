@@ -9,7 +9,7 @@ from ._figure import finish, new_figure
 
 
 def plot_rope(cos, sin, pairs=None, n_positions: int = 64, arrows: int = 8):
-    """cos, sin: (S, D/2) tables (minillm.model.rope_tables). Left: the unit vector of pair 0 rotated
+    """cos, sin: (S, D/2) tables (minillm.llama.transformer.rope_tables). Left: the unit vector of pair 0 rotated
     to positions 0..arrows-1. Right: cos(position * freq_j), the x[2j] of a rotated unit vector, for a
     few pairs j: the first pairs spin fast (local order), the last ones barely turn (long range)."""
     cos, sin = torch.as_tensor(cos), torch.as_tensor(sin)

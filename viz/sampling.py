@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from minillm.sampling import probs_from_logits
+from ..core.sampling import probs_from_logits
 
 from ._figure import finish, new_figure
 

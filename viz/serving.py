@@ -61,7 +61,7 @@ def plot_block_map(snapshot, title: str = "KV pool: colour = owner, xN = shared 
 
 
 def plot_memory_bars(by_setting: dict, title: str = "KV memory per request: used vs reserved but empty"):
-    """by_setting: {label: [RequestMemory]} (minillm.bench_serve.memory_by_request). One panel per setting,
+    """by_setting: {label: [RequestMemory]} (minillm.bench.serve.memory_by_request). One panel per setting,
     a stacked bar per request: bytes holding its tokens, bytes reserved but never written."""
     fig, axes = new_figure(ncols=len(by_setting), width=5 * len(by_setting), height=3.6)
     top = max(r.allocated_bytes for rows in by_setting.values() for r in rows) / 2**20
@@ -120,12 +120,12 @@ def plot_latency_vs_throughput(sweeps: dict):
 
 def serving_explorer(model, tokenizer, workload, max_model_len: int = 256):
     """Controls for block size, KV bytes, batching and the chunked-prefill token budget; each change
-    replays `workload` (minillm.workload requests) on a fresh engine and draws its timeline and numbers.
+    replays `workload` (minillm.bench.workload requests) on a fresh engine and draws its timeline and numbers.
     An ipywidgets.interactive (run it in a live notebook)."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
 
-    from minillm.bench_serve import replay
+    from ..bench.serve import replay
 
     per_seq = max_model_len * model.config.kv_bytes_per_token(4)
 

@@ -1,4 +1,4 @@
-"""Training curves (from the JSONL logs minillm.train writes) and draft acceptance vs gamma."""
+"""Training curves (from the JSONL logs minillm.training.train writes) and draft acceptance vs gamma."""
 from __future__ import annotations
 
 from ._figure import finish, new_figure

@@ -7,12 +7,12 @@ import torch
 from close import assert_close
 
 from minillm import LLM, SamplingParams
-from minillm.attention import AttentionMetadata
+from minillm.llama.attention import AttentionMetadata
 from minillm.config import ModelConfig
-from minillm.cuda_model import CudaTransformer
-from minillm.kv_cache import KVCache
-from minillm.loader import sample_tokenizer
-from minillm.model import Transformer
+from minillm.backends.cuda_model import CudaTransformer
+from minillm.llama.kv_cache import KVCache
+from minillm.formats.loader import sample_tokenizer
+from minillm.llama.transformer import Transformer
 
 CFG = ModelConfig(dim=16, hidden_dim=24, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=40, max_seq_len=32)
 

@@ -14,7 +14,7 @@ def test_the_simulator_is_on():
 
 
 def reference(x, w, eps=1e-5):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w     # minillm.model.RMSNorm
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w     # minillm.llama.transformer.RMSNorm
 
 
 # float32: a sum of at most 32 squares in another order (~1e-7 relative each), one sqrt and two

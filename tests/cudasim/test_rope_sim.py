@@ -1,4 +1,4 @@
-"""RoPE in the simulator against minillm.model.apply_rope (torch), with heads and head dims that are not
+"""RoPE in the simulator against minillm.llama.transformer.apply_rope (torch), with heads and head dims that are not
 multiples of the block size, positions out of order, and the position guard."""
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from close import assert_close
 
 from minillm.kernels import simulating
 from minillm.kernels.rope import rope_cuda
-from minillm.model import apply_rope, rope_tables
+from minillm.llama.transformer import apply_rope, rope_tables
 
 
 def test_the_simulator_is_on():

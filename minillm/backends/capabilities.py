@@ -1,0 +1,82 @@
+"""Backends behind one interface, and the one table of what each can run.
+
+A backend is the module whose forward the runner calls, with Transformer.forward's serving signature:
+    forward(tokens (B, T), positions (B, T), kv, attn, rows=(N,), return_hidden=False) -> logits (N, V)[, (N, C)]
+- "torch": the Transformer itself (every feature; built first for every new one).
+- "numba": the whole forward in one compiled call on minillm.kernels' CPU twins (minillm.backends.numba_model), with a
+  fixed summation order, so a sequence's logits do not depend on its batch, bit for bit.
+- "cuda": the forward as minillm.kernels' CUDA launches on torch CUDA tensors (minillm.backends.cuda_model); in numba's
+  simulator on the CPU for tests.
+What a backend cannot run yet is declared in CAPABILITIES and refused from here, naming the option and the
+backends that can run it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+from ..config import EngineConfig
+
+ALL_DTYPES = ("float32", "float16", "bfloat16", "float64")
+ALL_SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
+
+
+@dataclass(frozen=True)
+class Capability:
+    dtypes: tuple                  # EngineConfig.dtype values
+    quantization: tuple            # EngineConfig.quantization schemes
+    kv_cache_dtypes: tuple         # EngineConfig.kv_cache_dtype values
+    speculative: tuple             # speculative methods (chains need rows at every query token; Medusa a tree
+                                   # mask, RoPE positions apart from cache slots, and hidden states)
+    custom_linears: bool           # linear layers other than nn.Linear (a weight type plugged into the model)
+
+
+CAPABILITIES = {
+    "torch": Capability(ALL_DTYPES, ALL_SCHEMES, ("auto", "int8"), ("draft", "ngram", "medusa"), True),
+    "numba": Capability(("float32",), (), ("auto",), ("draft", "ngram"), False),
+    "cuda": Capability(("float32",), (), ("auto",), ("draft", "ngram"), False),
+}
+
+
+def _refuse(backend: str, what: str, value, ok) -> ValueError:
+    can = [b for b, cap in CAPABILITIES.items() if ok(cap)]
+    return ValueError(f"backend={backend!r} does not run {what}={value!r} yet; "
+                      f"{'backends that do: ' + ', '.join(can) if can else 'no backend does'} (minillm.backends.capabilities.CAPABILITIES)")
+
+
+def check_backend(config: EngineConfig, method=None):
+    """Refuse an option the chosen backend cannot run, before anything is built."""
+    b = config.backend
+    cap = CAPABILITIES[b]
+    if config.dtype not in cap.dtypes:
+        raise _refuse(b, "dtype", config.dtype, lambda c: config.dtype in c.dtypes)
+    if config.quantization and config.quantization not in cap.quantization:
+        raise _refuse(b, "quantization", config.quantization, lambda c: config.quantization in c.quantization)
+    if config.kv_cache_dtype not in cap.kv_cache_dtypes:
+        raise _refuse(b, "kv_cache_dtype", config.kv_cache_dtype, lambda c: config.kv_cache_dtype in c.kv_cache_dtypes)
+    if method is not None and method not in cap.speculative:
+        raise _refuse(b, "speculative method", method, lambda c: method in c.speculative)
+
+
+def check_model(model: nn.Module, backend: str):
+    """The numba and CUDA twins copy nn.Linear weights; a plugged-in weight type runs on torch only."""
+    if CAPABILITIES[backend].custom_linears:
+        return
+    for name, mod in model.named_modules():
+        if any(isinstance(mod, t) for t in (nn.Linear, nn.Embedding)) or not hasattr(mod, "in_features"):
+            continue
+        raise _refuse(backend, f"a linear of type {type(mod).__name__} at", name, lambda c: c.custom_linears)
+
+
+def backend_model(model: nn.Module, backend: str):
+    """The module that runs the forward for this backend: the torch model itself, or its numba or CUDA twin
+    built on the same weights (imported only when asked for: they compile on first use)."""
+    check_model(model, backend)
+    if backend == "numba":
+        from .numba_model import NumbaTransformer
+        return NumbaTransformer(model)
+    if backend == "cuda":
+        from .cuda_model import CudaTransformer
+        return CudaTransformer(model)
+    return model

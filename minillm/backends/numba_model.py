@@ -1,0 +1,134 @@
+"""The numba backend: the whole transformer forward on minillm.kernels' CPU twins, in one compiled call.
+
+`NumbaTransformer(model)` is a drop-in for `Transformer` in the engine (same forward signature, same
+KV pool, which it reads and writes in place through numpy views). Like llama2.c's run.c `forward()`,
+one compiled function runs every layer: embedding, RMSNorm, q/k/v, RoPE, K/V written to their slots,
+attention through the block tables, output projection, fused residual-add + RMSNorm, SwiGLU MLP,
+classifier. Matmuls split output rows across threads (run.c's `omp parallel for`).
+
+Every query token is its own row: row r sees the cached positions 0..positions[r] of its sequence
+(the causal rule of minillm.llama.attention, for prefill, chunks and decodes alike). Each output element is
+one dot product summed in a fixed order, so a sequence's logits are the same bit for bit whatever
+else shares its batch (tests/test_numba_backend.py shows it); the torch backend does not promise that.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+from numba import njit
+
+from ..kernels.matmul import linear_cpu
+from ..kernels.paged_attention import paged_attention_rows
+from ..kernels.rmsnorm import add_rmsnorm_rows, rmsnorm_rows
+from ..kernels.rope import rope_rows
+from ..kernels.swiglu import swiglu_rows
+from ..llama.transformer import Transformer
+
+
+@njit   # not cached: numba's cache checks only this file, so a stale copy would outlive an edited kernel
+def forward_rows(tokens, positions, slots, tables, last, emb, rms_att, wqkv, wo, rms_ffn, w13, w2,
+                 rms_final, wcls, cos, sin, k_cache, v_cache, n_heads, eps):
+    """tokens, positions, slots (R,) int64 (slot -1: padding, not written); tables (R, M) int64, each
+    row's sequence's block table; last (B,) the rows whose logits are wanted; weights stacked by layer
+    ((L, out, in) matrices, llama2.c's order), with wq|wk|wv and w1|w3 concatenated along `out` so each
+    pair or triple is one pass over the input (vLLM's QKVParallelLinear and MergedColumnParallelLinear);
+    k_cache, v_cache (L, NB, BS, Hkv, D) -> logits (B, V)."""
+    R, C = tokens.shape[0], emb.shape[1]
+    L, F = wqkv.shape[0], w2.shape[2]
+    BS, Hkv, D = k_cache.shape[2], k_cache.shape[3], k_cache.shape[4]
+    HD, KVD = n_heads * D, Hkv * D
+    x = np.empty((R, C), np.float32)                    # (R, C) the residual stream
+    for r in range(R):
+        x[r] = emb[tokens[r]]
+    xb = np.empty((R, C), np.float32)                   # (R, C) normalised input of a sublayer
+    out = np.empty((R, C), np.float32)                  # (R, C) a sublayer's output
+    qkv = np.empty((R, HD + 2 * KVD), np.float32)       # (R, H*D + 2*Hkv*D)
+    att = np.empty((R, HD), np.float32)                 # (R, H*D)
+    h13 = np.empty((R, 2 * F), np.float32)              # (R, 2F) gate | up
+    ctx = positions + 1                                 # (R,) row r sees positions 0..positions[r]
+    rmsnorm_rows(x, rms_att[0], eps, xb)
+    for l in range(L):
+        linear_cpu(xb, wqkv[l], qkv)
+        q = np.ascontiguousarray(qkv[:, :HD])           # (R, H*D)
+        k = np.ascontiguousarray(qkv[:, HD:HD + KVD])   # (R, Hkv*D)
+        v = qkv[:, HD + KVD:]                           # (R, Hkv*D), only read row by row
+        rope_rows(q.reshape(R, n_heads, D), positions, cos, sin)
+        rope_rows(k.reshape(R, Hkv, D), positions, cos, sin)
+        for r in range(R):                              # every row's K/V are in the pool before anyone reads
+            if slots[r] >= 0:
+                k_cache[l, slots[r] // BS, slots[r] % BS] = k[r].reshape(Hkv, D)
+                for j in range(KVD):
+                    v_cache[l, slots[r] // BS, slots[r] % BS, j // D, j % D] = v[r, j]
+        paged_attention_rows(q.reshape(R, n_heads, D), k_cache[l], v_cache[l], tables, ctx, att.reshape(R, n_heads, D))
+        linear_cpu(att, wo[l], out)
+        add_rmsnorm_rows(out, x, rms_ffn[l], eps, xb)   # x += attention; xb = rmsnorm(x)
+        linear_cpu(xb, w13[l], h13)
+        h = np.ascontiguousarray(h13[:, :F])            # (R, F) gate
+        swiglu_rows(h, np.ascontiguousarray(h13[:, F:]), h)  # h = silu(gate) * up
+        linear_cpu(h, w2[l], out)
+        add_rmsnorm_rows(out, x, rms_att[l + 1] if l + 1 < L else rms_final, eps, xb)  # x += mlp; next norm
+    xl = np.empty((last.shape[0], C), np.float32)       # (B, C) only the rows whose next token is wanted
+    for b in range(last.shape[0]):
+        xl[b] = xb[last[b]]
+    logits = np.empty((last.shape[0], wcls.shape[0]), np.float32)  # (B, V)
+    linear_cpu(xl, wcls, logits)
+    return logits
+
+
+class NumbaTransformer(nn.Module):
+    """Runs `model`'s weights through forward_rows. The weights are copied once into llama2.c's
+    layer-stacked layout (one (L, out, in) array per matrix kind, q|k|v and w1|w3 fused), float32 only."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        dtype = next(model.parameters()).dtype
+        if dtype != torch.float32:
+            raise ValueError(f"backend='numba' runs float32 weights, got {dtype}; use dtype='float32'")
+        self.model, self.config = model, model.config
+        layers = model.layers
+        stack = lambda f: np.ascontiguousarray(torch.stack([f(b).detach() for b in layers]).numpy())
+        self.w = dict(
+            emb=model.tok_embeddings.weight.detach().numpy(),
+            rms_att=stack(lambda b: b.attention_norm.weight),
+            wqkv=stack(lambda b: torch.cat([b.attention.wq.weight, b.attention.wk.weight, b.attention.wv.weight])),
+            wo=stack(lambda b: b.attention.wo.weight), rms_ffn=stack(lambda b: b.ffn_norm.weight),
+            w13=stack(lambda b: torch.cat([b.feed_forward.w1.weight, b.feed_forward.w3.weight])),
+            w2=stack(lambda b: b.feed_forward.w2.weight), rms_final=model.norm.weight.detach().numpy(),
+            wcls=model.output.weight.detach().numpy(),
+            cos=model.rope_cos.float().numpy(), sin=model.rope_sin.float().numpy())   # (S, D/2) ensure_rope'd
+        self.compiled_seconds, self.compiled_calls = 0.0, 0     # time inside forward_rows (bench's profile)
+
+    def forward(self, tokens, positions, kv=None, attn=None, rows=None, return_hidden: bool = False):
+        """The serving interface of Transformer.forward: tokens, positions (B, T) -> logits (N, V) at the flat
+        token indices `rows` (default: each row's last token). Each query token attends to the cached positions
+        0 .. its own, so chains of new tokens (prompt chunks, speculative drafts) are fine; a tree mask (RoPE
+        positions that differ from cache slots) and hidden states are not built here (the capability table in
+        minillm.backends.capabilities refuses what needs them)."""
+        if kv is None or attn is None:
+            raise ValueError("backend='numba' serves from the KV cache: pass kv and AttentionMetadata")
+        if return_hidden or attn.tree_mask is not None:
+            raise ValueError("backend='numba' computes no hidden states and no tree attention (see minillm.backends.capabilities)")
+        B, T = tokens.shape
+        limit = self.config.max_seq_len
+        if int(positions.max()) >= limit:
+            raise ValueError(f"position {int(positions.max())} is beyond the model's context max_seq_len={limit}")
+        last = np.arange(B) * T + T - 1 if rows is None else np.asarray(rows, dtype=np.int64)  # (N,) rows wanted
+        tables = attn.block_tables.numpy()                                       # (B, M)
+        if T > 1:
+            tables = np.repeat(tables, T, axis=0)                                # (B*T, M) each row's sequence's
+        n = lambda t: t.reshape(-1).contiguous().numpy()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)   # torch's OpenMP threads would spin against numba's between our calls
+        try:
+            args = (n(tokens), n(positions), n(attn.slot_mapping), tables, last)
+            t0 = time.perf_counter()
+            logits = forward_rows(*args, **self.w, k_cache=kv.k.numpy(), v_cache=kv.v.numpy(),
+                                  n_heads=self.config.n_heads, eps=self.config.norm_eps)
+            self.compiled_seconds += time.perf_counter() - t0
+            self.compiled_calls += 1
+        finally:
+            torch.set_num_threads(threads)
+        return torch.from_numpy(logits)                                          # (N, V)

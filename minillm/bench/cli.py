@@ -1,0 +1,119 @@
+"""`python -m minillm bench decode | batched | serve | quant | spec`: batch-1 decode speed; batched decode beside llama2.c's
+run.c and against torch's own matmul FLOP/s; a serving workload under several settings. Warm-up excluded,
+medians of several runs, every ratio measured side by side in one run."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from .decode import bench_batched, bench_decode
+from .serve import bench_serve
+
+
+def _write_json(res: dict, path) -> int:
+    """--json: the bench's whole result, as printed, for plots and CI. -> the exit code 0."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m minillm bench")
+    sub = ap.add_subparsers(dest="what", required=True)
+    sv = sub.add_parser("serve", help="a Poisson workload under several engine settings, side by side")
+    sv.add_argument("--model", default="shakespeare")
+    sv.add_argument("--tokenizer", default=None)
+    sv.add_argument("--requests", type=int, default=64)
+    sv.add_argument("--rate", type=float, default=50.0, help="arrivals per second (Poisson); the default saturates")
+    sv.add_argument("--kv-cache-bytes", type=int, default=None)
+    sv.add_argument("--max-model-len", type=int, default=None)
+    sv.add_argument("--max-num-seqs", type=int, default=64)
+    sv.add_argument("--prompt-median", type=float, default=None, help="tokens; default 15%% of max_model_len")
+    sv.add_argument("--output-median", type=float, default=None, help="tokens; default 12.5%% of max_model_len")
+    sv.add_argument("--quick", action="store_true", help="12 requests, context 128: a smoke test")
+    sv.add_argument("--json", default=None)
+    b = sub.add_parser("batched", help="batched decode tok/s and FLOP/s, beside llama2.c's run.c (--runc)")
+    b.add_argument("--model", required=True)
+    b.add_argument("--tokenizer", default=None)
+    b.add_argument("--batch", type=int, default=32)
+    b.add_argument("--steps", type=int, default=128)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--runc", default=None, help="a run.c binary you built (e.g. llama2.c's `make runomp`)")
+    b.add_argument("--quick", action="store_true", help="batch 4, 16 steps, 1 repeat: a smoke test")
+    b.add_argument("--json", default=None)
+    qb = sub.add_parser("quant", help="every quantization scheme: perplexity, bytes, batch-1 and batched decode")
+    qb.add_argument("--model", default="shakespeare", help="e.g. shakespeare, or random:stories110M (weights >> L3)")
+    qb.add_argument("--tokenizer", default=None)
+    qb.add_argument("--steps", type=int, default=64)
+    qb.add_argument("--batch", type=int, default=32)
+    qb.add_argument("--repeats", type=int, default=3)
+    qb.add_argument("--windows", type=int, default=25, help="held-out windows of 256 tokens for perplexity")
+    qb.add_argument("--quick", action="store_true", help="4 windows, 8 steps, batch 4, 1 repeat: a smoke test")
+    qb.add_argument("--json", default=None)
+    sp = sub.add_parser("spec", help="speculative decoding: every proposer and gamma against plain decoding, batch 1 and up")
+    sp.add_argument("--model", default="shakespeare")
+    sp.add_argument("--tokenizer", default=None)
+    sp.add_argument("--prompts", type=int, default=32)
+    sp.add_argument("--max-tokens", type=int, default=128)
+    sp.add_argument("--quick", action="store_true", help="4 prompts, 32 tokens, one gamma per proposer: a smoke test")
+    sp.add_argument("--json", default=None)
+    d = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
+    d.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
+    d.add_argument("--tokenizer", default=None)
+    d.add_argument("--steps", type=int, default=256, help="positions per run, as run.c's -n")
+    d.add_argument("--repeats", type=int, default=5)
+    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--backend", default="torch", choices=["torch", "numba"])
+    d.add_argument("--runc", default=None, help="a run.c binary you built, timed on the same file (-n steps, greedy)")
+    d.add_argument("--prompt", default="", help="the same prompt for both (run.c stops at BOS; a prompt keeps it going)")
+    d.add_argument("--quick", action="store_true", help="3 runs of 64 steps: a smoke test")
+    d.add_argument("--json", default=None, help="also write the result to this file")
+    a = ap.parse_args(argv)
+    if a.what == "serve":
+        n, L = (12, 128) if a.quick else (a.requests, a.max_model_len)
+        res = bench_serve(a.model, a.tokenizer, n, a.rate, a.kv_cache_bytes, L, a.max_num_seqs, a.prompt_median, a.output_median)
+        w = res["workload"]
+        print(f"{n} requests at {a.rate:g}/s, prompts {w['prompt_tokens_median']:.0f} median / {w['prompt_tokens_mean']:.0f} mean "
+              f"tokens, outputs {w['output_tokens_median']:.0f} / {w['output_tokens_mean']:.0f}; max_model_len {res['max_model_len']}, "
+              f"KV {res['kv_cache_bytes'] / 2**20:.0f} MiB, max_num_seqs {res['max_num_seqs']}")
+        cols = ["throughput", "tokens_per_step", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "kv_waste", "peak_running", "preemptions", "cached_tokens"]
+        print(f"{'setting':<32}" + "".join(f"{c:>16}" for c in cols))
+        for label, r in res["runs"].items():
+            print(f"{label:<32}" + "".join(f"{r[c]:>16.4g}" for c in cols))
+        for k, v in res["ratios"].items():
+            print(f"{k}: {v:.1%}" if "waste" in k else f"{k}: {v:.2f}")
+        return _write_json(res, a.json)
+    if a.what == "quant":
+        from .quant import bench_quant, print_table
+        steps, batch, repeats, windows = (8, 4, 1, 4) if a.quick else (a.steps, a.batch, a.repeats, a.windows)
+        res = bench_quant(a.model, a.tokenizer, steps, batch, repeats, windows)
+        print_table(res)
+        return _write_json(res, a.json)
+    if a.what == "spec":
+        from .spec import QUICK, bench_spec, print_table
+        if a.quick:
+            res = bench_spec(a.model, a.tokenizer, 4, 32, configs=QUICK, batches=(1, 4))
+        else:
+            res = bench_spec(a.model, a.tokenizer, a.prompts, a.max_tokens)
+        print_table(res)
+        return _write_json(res, a.json)
+    if a.what == "batched":
+        batch, steps, repeats = (4, 16, 1) if a.quick else (a.batch, a.steps, a.repeats)
+        res = bench_batched(a.model, a.tokenizer, batch, steps, repeats, a.runc)
+        print(f"batched decode, {batch} sequences: {res['tok_s_median']:.0f} tok/s median ({res['threads']} threads), "
+              f"{res['flop_s_median'] / 1e9:.2f} GFLOP/s = {res['flop_fraction']:.0%} of torch's matmuls on the same "
+              f"shapes ({res['torch_matmul_flop_s'] / 1e9:.2f} GFLOP/s)")
+        if a.runc:
+            print(f"run.c (batch 1): {res['runc_tok_s_median']:.0f} tok/s median; batched / run.c = {res['batched_over_runc']:.1f}x")
+        return _write_json(res, a.json)
+    steps, repeats = (64, 3) if a.quick else (a.steps, a.repeats)
+    res = bench_decode(a.model, a.tokenizer, steps, repeats, a.threads, a.backend, a.runc, a.prompt)
+    print(f"decode {res['model']} ({a.backend}): {res['tok_s_median']:.1f} tok/s median over {repeats} runs of {res['steps']} "
+          f"steps (min {res['tok_s_min']:.1f}, max {res['tok_s_max']:.1f}; {res['threads']} threads)")
+    for part, us in res.get("profile_us_per_token", {}).items():
+        print(f"  {part:<44} {us:8.0f} us/token")
+    if a.runc:
+        print(f"run.c: {res['runc_tok_s_median']:.1f} tok/s median (min {min(res['runc_tok_s_all']):.1f}, max "
+              f"{max(res['runc_tok_s_all']):.1f}); {a.backend} / run.c = {res['over_runc']:.2f}x")
+    return _write_json(res, a.json)

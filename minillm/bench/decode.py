@@ -1,0 +1,159 @@
+"""Decode benchmarks: batch-1 decode speed (beside llama2.c's run.c, with a per-token profile on numba) and
+batched decode (against torch's own matmul FLOP/s on the same shapes, and beside run.c). Warm-up excluded,
+medians of several runs, every ratio measured side by side in one run."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+
+import torch
+
+from ..core.sampling import RunCSampler
+from ..engine.runc import decode_loop
+from ..formats.loader import load
+
+
+def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5, threads: int | None = None,
+                 backend: str = "torch", runc: str | None = None, prompt: str = "") -> dict:
+    """Batch-1 greedy decode tok/s through `python -m minillm run`'s loop on this backend (compile time and
+    warm-up excluded), beside llama2.c's run.c on the same file when `runc` names a binary you built
+    (each run.c run its own process, alternated with ours)."""
+    from ..backends.capabilities import backend_model
+    net, tok = load(model, tokenizer)
+    net = backend_model(net, backend)
+    if threads:
+        torch.set_num_threads(threads)
+    if backend == "numba":       # as `run --backend numba`: numba's threads work, torch's would spin against them
+        import numba
+        if threads:
+            numba.set_num_threads(threads)
+        torch.set_num_threads(1)
+    steps = min(steps, net.config.max_seq_len)
+    greedy = RunCSampler(0.0, 0.9, 1)
+    run = lambda n: decode_loop(net, tok, greedy, prompt, n, write=None, stop_at_bos=False)[1]
+    run(min(8, steps))  # warm-up: compilation (numba), allocation, first-call costs
+    tk = tokenizer or os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
+    rates, rc = [], []
+    if backend == "numba":
+        net.compiled_seconds, net.compiled_calls = 0.0, 0           # count the timed runs only
+    for _ in range(repeats):
+        rates.append(run(steps))
+        if runc:
+            rc.append(runc_tok_s(runc, model, tk, steps, prompt))
+    res = {"bench": "decode", "model": str(model), "backend": backend, "steps": steps, "repeats": repeats,
+           "threads": numba_threads() if backend == "numba" else torch.get_num_threads(),
+           "tok_s_median": statistics.median(rates), "tok_s_min": min(rates), "tok_s_max": max(rates), "tok_s_all": rates,
+           "params": net.config.num_params(), "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+           "cpus": os.cpu_count()}
+    if runc:
+        res.update(runc=runc, runc_tok_s_median=statistics.median(rc), runc_tok_s_all=rc,
+                   over_runc=res["tok_s_median"] / statistics.median(rc))
+    if backend == "numba":
+        res["profile_us_per_token"] = numba_profile(net, 1e6 / statistics.mean(rates))
+    return res
+
+
+def numba_threads() -> int:
+    import numba
+    return numba.get_num_threads()
+
+
+def numba_profile(net, us_per_token: float) -> dict:
+    """Where a batch-1 numba decode step's time went, in microseconds per token: inside the compiled
+    forward (as NumbaTransformer timed it during the runs just made), of which the matmuls (the same
+    kernels on the same weights, timed alone) and the rest (attention, norms, RoPE, SwiGLU, K/V writes);
+    and the Python decode loop around it (tensors, metadata, sampling), us_per_token - forward."""
+    import time
+
+    import numpy as np
+
+    from ..kernels.matmul import linear_cpu
+    w, cfg = net.w, net.config
+    forward = net.compiled_seconds / max(1, net.compiled_calls) * 1e6
+    x = np.full((1, cfg.dim), 0.1, np.float32)                       # (1, C)
+    h = np.full((1, cfg.hidden_dim), 0.1, np.float32)                # (1, F)
+    outs = {k: np.empty((1, w[k].shape[-2]), np.float32) for k in ("wqkv", "wo", "w13", "w2", "wcls")}
+
+    def matmuls(layers: bool):
+        if not layers:
+            return linear_cpu(x, w["wcls"], outs["wcls"])
+        for l in range(cfg.n_layers):
+            for k in ("wqkv", "wo", "w13"):
+                linear_cpu(x, w[k][l], outs[k])
+            linear_cpu(h, w["w2"][l], outs["w2"])
+
+    timed = {}
+    for name, layers in (("layer matmuls", True), ("classifier matmul", False)):
+        matmuls(layers)
+        t = time.perf_counter()
+        for _ in range(20):
+            matmuls(layers)
+        timed[name] = (time.perf_counter() - t) / 20 * 1e6
+    return {"compiled forward": forward, **{f"  {k}": v for k, v in timed.items()},
+            "  attention, norms, RoPE, SwiGLU, K/V writes": forward - sum(timed.values()),
+            "Python decode loop, tensors, sampling": us_per_token - forward, "total": us_per_token}
+
+
+def runc_tok_s(runc: str, model: str, tokenizer: str, steps: int, prompt: str = "") -> float:
+    """One run of a llama2.c run.c binary (built by the user, outside this repo), greedy from `prompt`;
+    its own "achieved tok/s" line (stderr). run.c stops early if it samples BOS: give a prompt that
+    keeps a random-weight model going."""
+    import re
+    import subprocess
+    done = subprocess.run([runc, model, "-z", tokenizer, "-t", "0", "-n", str(steps), "-i", prompt],
+                          capture_output=True, text=True, timeout=600)
+    m = re.search(r"achieved tok/s: ([0-9.]+)", done.stderr)
+    if done.returncode != 0 or not m:
+        raise RuntimeError(f"{runc} failed (exit {done.returncode}): {done.stderr[-300:]}")
+    return float(m.group(1))
+
+
+def matmul_flops(cfg, batch: int, repeats: int = 5) -> float:
+    """torch's own FLOP/s on the decode step's matmul shapes at this batch: (batch, in) @ (in, out) for
+    every weight of one layer plus the classifier, timed back to back (median of repeats)."""
+    import time
+    C, Hd = cfg.dim, cfg.hidden_dim
+    shapes = [(C, C), (C, cfg.kv_dim), (C, cfg.kv_dim), (C, C), (C, Hd), (C, Hd), (Hd, C)]
+    mats = [(torch.randn(batch, i), torch.randn(i, o)) for i, o in shapes] * cfg.n_layers
+    mats.append((torch.randn(batch, C), torch.randn(C, cfg.vocab_size)))
+    flops = sum(2 * batch * w.shape[0] * w.shape[1] for _, w in mats)
+    times = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        for x, w in mats:
+            x @ w
+        times.append(time.perf_counter() - t)
+    return flops / statistics.median(times[1:])
+
+
+def bench_batched(model: str, tokenizer=None, batch: int = 32, steps: int = 128, repeats: int = 3,
+                  runc: str | None = None) -> dict:
+    """Decode tokens/s of `batch` sequences through the engine (decode steps only, from the trace), beside
+    llama2.c's run.c (batch 1, its own process) on the same file when `runc` names a binary; and the FLOP/s
+    the batched steps achieve against torch's own matmuls on the same shapes."""
+    from ..core.sampling import SamplingParams
+    from ..engine.llm import LLM
+    net, tok = load(model, tokenizer)
+    steps = min(steps, net.config.max_seq_len - 1)
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    rates, flop_rates = [], []
+    for _ in range(repeats + 1):                     # the first run warms up
+        llm = LLM(net, tokenizer=tok, max_num_seqs=batch, max_model_len=steps + 1)
+        llm.generate([[1]] * batch, params)
+        dec = [s for s in llm.engine.trace.steps if s.kind == "decode"]
+        n_tok, secs = sum(s.num_decode_tokens for s in dec), sum(s.seconds for s in dec)
+        ctx = steps // 2                             # mean context over the run, for attention FLOPs
+        rates.append(n_tok / secs)
+        flop_rates.append(n_tok * net.config.flops_per_token(ctx) / secs)
+    rates, flop_rates = rates[1:], flop_rates[1:]
+    res = {"bench": "batched", "model": str(model), "batch": batch, "steps": steps, "repeats": repeats,
+           "threads": torch.get_num_threads(), "tok_s_median": statistics.median(rates), "tok_s_all": rates,
+           "flop_s_median": statistics.median(flop_rates), "torch_matmul_flop_s": matmul_flops(net.config, batch)}
+    res["flop_fraction"] = res["flop_s_median"] / res["torch_matmul_flop_s"]
+    if runc:
+        tk = tokenizer or os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
+        rc = [runc_tok_s(runc, model, tk, steps) for _ in range(repeats)]
+        res.update(runc=runc, runc_tok_s_median=statistics.median(rc), runc_tok_s_all=rc,
+                   batched_over_runc=res["tok_s_median"] / statistics.median(rc))
+    return res

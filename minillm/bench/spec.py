@@ -1,0 +1,166 @@
+"""`python -m minillm bench spec`: speculative decoding, per proposer and gamma, beside plain decoding of
+the same requests, all in one process.
+
+Workload: held-out prompts (windows of the packaged val_slice.txt, BOS + 63 tokens), 128 new tokens each
+(ignore_eos), at temperature 0 and 1 (a seed per request), served at batch 1 (max_num_seqs=1: one request
+after another, the latency case speculation is for); then the best proposer at larger batches.
+
+Measured per configuration, from the engine's own trace and counters (notation: p target, q draft):
+    t1     the plain run's mean decode step: the target's one-token step, engine included (means throughout,
+           so that t1, r and the measured ratio of summed step times are the same kind of number)
+    alpha  mean over examined draft slots of sum_x min(p, q) (greedy: [x == argmax p])
+    c      draft time per drafted token / t1
+    r      mean (speculative step - its drafting) / t1: the target's forward over k + 1 tokens plus verification
+    predicted    E(alpha, gamma) / (gamma c + r), E = (1 - alpha^(gamma+1)) / (1 - alpha)
+    predicted_k  the same with the drafts actually made: mean over steps of E(alpha, k_step) / (mean k c + r)
+                 (n-gram lookup drafts nothing when the context has no match; drafts are cut near max_tokens)
+    measured     plain decode time / speculative decode time (sums of decode steps), and the wall-clock ratio
+                 including the (identical) prefills
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+
+from ..formats.loader import MODELS_DIR, load
+from ..spec_decode.config import expected_tokens, predicted_speedup
+
+# (label, speculative dict or None, temperatures it runs at)
+CONFIGS = [
+    ("draft", {"method": "draft", "draft_backend": "numba"}, (1, 2, 4)),
+    ("draft (torch)", {"method": "draft"}, (2,)),
+    ("ngram", {"method": "ngram"}, (2, 4, 8)),
+    ("medusa", {"method": "medusa"}, (1, 3)),          # greedy only
+]
+QUICK = [("draft", {"method": "draft", "draft_backend": "numba"}, (2,)), ("ngram", {"method": "ngram"}, (4,)),
+         ("medusa", {"method": "medusa"}, (2,))]
+
+
+def held_out_prompts(tok, n: int, length: int = 64) -> list[list[int]]:
+    """n prompts of `length` tokens (BOS first), spread over the held-out slice."""
+    ids = tok.encode(open(os.path.join(MODELS_DIR, "val_slice.txt"), encoding="utf-8").read())
+    stride = max(length, (len(ids) - length) // max(n, 1))
+    if (n - 1) * stride + length - 1 > len(ids):
+        raise ValueError(f"the held-out slice has {len(ids)} tokens: too few for {n} prompts of {length}")
+    return [[1] + ids[i * stride:i * stride + length - 1] for i in range(n)]
+
+
+def run_once(model, tok, prompts, temperature: float, max_tokens: int, spec=None, batch: int = 1) -> dict:
+    """One LLM, a warm-up request (compiles, fills caches), then every prompt; -> times and counters."""
+    from ..engine.llm import LLM
+    from ..core.sampling import SamplingParams
+    llm = LLM(model, tokenizer=tok, max_num_seqs=batch, speculative=spec)
+    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))]
+    llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=99))
+    eng = llm.engine
+    eng.trace.steps.clear()
+    for k in eng.spec_stats:
+        eng.spec_stats[k] = 0
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    dec = [s for s in eng.trace.steps if s.kind == "decode"]
+    return {"wall": wall, "decode_seconds": sum(s.seconds for s in dec), "step_mean": statistics.mean(s.seconds for s in dec),
+            "tokens": sum(len(o.outputs[0].token_ids) for o in outs), "outputs": [o.outputs[0].token_ids for o in outs],
+            "steps": dec, "stats": dict(eng.spec_stats)}
+
+
+def analyse(label: str, gamma: int, run: dict, plain: dict) -> dict:
+    st, t1 = run["stats"], plain["step_mean"]
+    alpha = st["alpha_sum"] / st["examined"] if st["examined"] else 0.0
+    ks = [len(e["drafted"]) for s in run["steps"] for e in s.spec]                       # drafts per sequence-step
+    k_mean = sum(ks) / max(len(ks), 1)
+    c = (st["draft_seconds"] / st["drafted"] / t1) if st["drafted"] else 0.0
+    rows_per_step = st["rows"] / max(st["steps"], 1)
+    r = statistics.mean(s.seconds - s.draft_seconds for s in run["steps"]) / rows_per_step / t1 if batch_of(run) == 1 else float("nan")
+    e_k = sum(expected_tokens(alpha, k) for k in ks) / max(len(ks), 1)
+    return {"proposer": label, "gamma": gamma, "alpha": alpha, "c": c, "r": r, "k_mean": k_mean,
+            "tokens_per_step": st["emitted"] / max(st["rows"], 1), "expected_tokens": expected_tokens(alpha, gamma),
+            "predicted": predicted_speedup(alpha, gamma, c, r), "predicted_k": e_k / (k_mean * c + r),
+            "measured": plain["decode_seconds"] / run["decode_seconds"], "wall_speedup": plain["wall"] / run["wall"],
+            "same_as_plain": run["outputs"] == plain["outputs"]}
+
+
+def batch_of(run: dict) -> int:
+    return max((len(s.seq_ids) for s in run["steps"]), default=1)
+
+
+def bench_spec(model: str = "shakespeare", tokenizer=None, prompts: int = 32, max_tokens: int = 128,
+               temperatures=(0.0, 1.0), configs=None, batches=(1, 4, 16), log=print) -> dict:
+    net, tok = load(model, tokenizer)
+    ps = held_out_prompts(tok, prompts)
+    rows, plains = [], {}
+    for T in temperatures:
+        plain = plains[T] = run_once(net, tok, ps, T, max_tokens)
+        log(f"T={T:g}: plain decode step {plain['step_mean'] * 1e3:.2f} ms, {plain['tokens'] / plain['wall']:.0f} tok/s")
+        for label, spec, gammas in configs or CONFIGS:
+            if spec["method"] == "medusa" and T > 0:
+                continue                                             # Medusa is built greedy-only
+            for g in gammas:
+                row = analyse(label, g, run_once(net, tok, ps, T, max_tokens, {**spec, "gamma": g}), plain)
+                row["temperature"] = T
+                rows.append(row)
+                log(f"  {label:<14} gamma {g}: alpha {row['alpha']:.3f}  c {row['c']:.3f}  r {row['r']:.2f}  "
+                    f"predicted {row['predicted_k']:.2f}x  measured {row['measured']:.2f}x")
+    best = max(rows, key=lambda r: r["measured"])
+    sweep, T = [], best["temperature"]
+    spec = next(s for lab, s, _ in (configs or CONFIGS) if lab == best["proposer"])
+    for b in batches:                                                # does speculation still pay as the batch grows?
+        plain = run_once(net, tok, ps, T, max_tokens, batch=b)
+        sp = run_once(net, tok, ps, T, max_tokens, {**spec, "gamma": best["gamma"]}, batch=b)
+        sweep.append({"batch": b, "plain_tok_s": plain["tokens"] / plain["decode_seconds"],
+                      "spec_tok_s": sp["tokens"] / sp["decode_seconds"], "speedup": plain["decode_seconds"] / sp["decode_seconds"]})
+        log(f"  batch {b}: {best['proposer']} gamma {best['gamma']} at T={T:g}: {sweep[-1]['speedup']:.2f}x")
+    return {"bench": "spec", "model": str(model), "prompts": prompts, "prompt_tokens": len(ps[0]), "max_tokens": max_tokens,
+            "threads": torch.get_num_threads(), "t1_ms": {str(T): p["step_mean"] * 1e3 for T, p in plains.items()},
+            "rows": rows, "best": {k: best[k] for k in ("proposer", "gamma", "temperature", "measured", "wall_speedup")},
+            "batch_sweep": sweep,
+            "goals": {"within_15pct": all(abs(r["measured"] / r["predicted_k"] - 1) <= 0.15 for r in rows),
+                      "best_at_least_2x": best["measured"] >= 2.0}}
+
+
+def print_table(res: dict):
+    print(f"{res['model']}: {res['prompts']} held-out prompts of {res['prompt_tokens']} tokens, {res['max_tokens']} new, "
+          f"batch 1, {res['threads']} threads; plain decode step " +
+          ", ".join(f"{v:.2f} ms at T={k}" for k, v in res["t1_ms"].items()))
+    cols = ["alpha", "c", "r", "k_mean", "tokens_per_step", "predicted", "predicted_k", "measured", "wall_speedup"]
+    print(f"{'T':>3} {'proposer':<14}{'gamma':>6}" + "".join(f"{c:>16}" for c in cols) + "  same output")
+    for r in res["rows"]:
+        print(f"{r['temperature']:>3g} {r['proposer']:<14}{r['gamma']:>6}" + "".join(f"{r[c]:>16.3f}" for c in cols)
+              + f"  {r['same_as_plain'] if r['temperature'] == 0 else '-'}")
+    b = res["best"]
+    print(f"the best configuration ({b['proposer']} gamma {b['gamma']}, T={b['temperature']:g}) as the batch grows:")
+    for s in res["batch_sweep"]:
+        print(f"batch {s['batch']:>3}: plain {s['plain_tok_s']:8.0f} tok/s, speculative {s['spec_tok_s']:8.0f} tok/s, {s['speedup']:.2f}x")
+    b, g = res["best"], res["goals"]
+    print(f"best: {b['proposer']} gamma {b['gamma']} at T={b['temperature']:g}: {b['measured']:.2f}x decode, "
+          f"{b['wall_speedup']:.2f}x wall-clock; goals: measured within 15% of predicted_k for every row: "
+          f"{g['within_15pct']}; best >= 2x: {g['best_at_least_2x']}")
+
+
+@torch.inference_mode()
+def pass_cost(model, counts=(1, 2, 4, 8, 16), context: int = 64, repeats: int = 15) -> dict:
+    """Why verification is nearly free at batch 1: seconds for one forward that scores n new tokens after
+    `context` cached ones, for each n in counts (median of repeats). -> {n: seconds}."""
+    from ..llama.attention import AttentionMetadata
+    from ..llama.kv_cache import KVCache
+    total = context + max(counts)
+    kv = KVCache(model.config, num_blocks=total, block_size=1, dtype=next(model.parameters()).dtype)
+    table = torch.arange(total)[None]                                              # (1, total)
+    ids = torch.randint(3, model.config.vocab_size, (1, total), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(context)[None]
+    model(ids[:, :context], pos, kv, AttentionMetadata.build(pos, table, torch.tensor([context]), 1))
+    out = {}
+    for n in counts:
+        pos = torch.arange(context, context + n)[None]                             # (1, n)
+        attn = AttentionMetadata.build(pos, table, torch.tensor([context + n]), 1)
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            model(ids[:, context:context + n], pos, kv, attn)
+            times.append(time.perf_counter() - t0)
+        out[n] = statistics.median(times[1:])
+    return out

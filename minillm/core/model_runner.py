@@ -1,0 +1,131 @@
+"""The model runner: one input builder from a ScheduledBatch (+ drafts) to tensors, one forward per group of rows.
+
+Every row contributes its own tokens (positions start .. end - 1) and its drafts after them, all written to
+their cache slots and read back through the block table. The backend (the torch Transformer, or its numba or
+CUDA twin: the same forward signature) returns logits only for the rows asked for: on a row that reaches its
+sequence's newest token, the newest token and every draft (1 + k rows); none for a partial prompt chunk.
+
+    tokens (B, T)  positions (B, T) RoPE positions  attn: slot_mapping (B, T), block_tables (B, M), context_lens (B,),
+    positions (B, T) cache positions (a draft tree's nodes sit in consecutive slots but at RoPE position base + depth),
+    tree_mask (B, T, T)  ->  logits (N, V) [, hidden (N, C)] at the flat token indices rows (N,)
+
+Rows are run in two groups, short (decodes, with their drafts) and long (prompts and chunks), so a decode is
+not padded to a prompt's length; the cache is shared, the rows independent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..llama.attention import AttentionMetadata
+from .batch import Draft, Row, ScheduledBatch
+from ..llama.kv_cache import KVCache, SwapSpace
+
+
+@dataclass
+class RunnerOutput:
+    logits: list                    # per row: (n, V) at its newest token and each draft, or None
+    hidden: Optional[list] = None   # per row: (n, C) the final-normed hidden states there (when asked for)
+
+
+@dataclass
+class Query:
+    tokens: list        # the row's new tokens: its own, then its drafts
+    slots_at: list      # each one's cache position
+    rope_at: list       # each one's RoPE position
+    mask: object        # (n, n) bool who sees whom among them, or None (causal)
+    wanted: list        # indices whose logits are asked for
+
+
+def build_query(row: Row, draft: Optional[Draft]) -> Query:
+    seq, k = row.seq, len(draft) if draft else 0
+    m = row.end - row.start
+    own = [seq.token_at(row.start)] if m == 1 else seq.token_ids[row.start:row.end]
+    tokens = own + (list(draft.tokens) if draft else [])
+    rope_at = list(range(row.start, row.end)) + [row.end - 1 + draft.depth(i) for i in range(k)]
+    mask = None
+    if draft is not None and not draft.is_chain:
+        mask = torch.ones(m + k, m + k, dtype=torch.bool).tril()           # (n, n) own tokens: causal
+        mask[m:, m:] = False
+        for i in range(k):                                                  # a node sees its ancestors only
+            mask[m + i, [m + a for a in draft.ancestors(i)]] = True
+    wanted = list(range(m - 1, m + k)) if row.completes else ([m - 1] if not row.writes else [])
+    return Query(tokens, list(range(row.start, row.end + k)), rope_at, mask, wanted)
+
+
+class ModelRunner:
+    def __init__(self, model, kv: KVCache, swap: Optional[SwapSpace] = None, hidden: bool = False):
+        self.model, self.kv, self.swap = model, kv, swap
+        self.hidden = hidden        # also return hidden states (a proposer reads them: Medusa)
+
+    def move_blocks(self, batch: ScheduledBatch):
+        """The block moves the scheduler decided: swaps first (a swap-in may read a swap block that a swap-out of
+        this step then reuses; a device block a swap-out frees may be written by this step), then copy-on-write."""
+        if self.swap is not None:
+            self.swap.swap_in(self.kv, batch.swap_in)
+            self.swap.swap_out(self.kv, batch.swap_out)
+        self.kv.copy_blocks(batch.copies)
+        batch.moved = True
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch, drafts: Optional[list] = None) -> RunnerOutput:
+        drafts = drafts or [None] * len(batch.rows)
+        queries = [build_query(r, d) for r, d in zip(batch.rows, drafts)]
+        out = RunnerOutput([None] * len(queries), [None] * len(queries) if self.hidden else None)
+        short = [i for i, r in enumerate(batch.rows) if not r.prefill]
+        for group in (short, [i for i, r in enumerate(batch.rows) if r.prefill]):
+            if group:
+                self._forward([batch.rows[i] for i in group], [queries[i] for i in group], group, out)
+        return out
+
+    def _forward(self, rows: list, queries: list, index: list, out: RunnerOutput):
+        B, T = len(rows), max(len(q.tokens) for q in queries)
+        M = max(len(r.seq.block_table) for r in rows)
+        tokens = torch.zeros(B, T, dtype=torch.long)                    # (B, T)
+        slots_at = torch.zeros(B, T, dtype=torch.long)                  # (B, T) cache positions
+        rope_at = torch.zeros(B, T, dtype=torch.long)                   # (B, T) RoPE positions
+        valid = torch.zeros(B, T, dtype=torch.bool)                     # (B, T) written to the cache
+        tables = torch.zeros(B, M, dtype=torch.long)                    # (B, M)
+        trees = any(q.mask is not None for q in queries)
+        mask = torch.ones(B, T, T, dtype=torch.bool) if trees else None  # (B, T, T)
+        select = []
+        for b, (r, q) in enumerate(zip(rows, queries)):
+            n = len(q.tokens)
+            tokens[b, :n] = torch.tensor(q.tokens)
+            slots_at[b, :n] = torch.tensor(q.slots_at)
+            rope_at[b, :n] = torch.tensor(q.rope_at)
+            valid[b, :n] = r.writes
+            tables[b, :len(r.seq.block_table)] = torch.tensor(r.seq.block_table)
+            if q.mask is not None:
+                mask[b, :n, :n] = q.mask
+            select += [b * T + j for j in q.wanted]
+        context_lens = torch.tensor([r.start + len(q.tokens) for r, q in zip(rows, queries)])   # (B,)
+        attn = AttentionMetadata.build(slots_at, tables, context_lens, self.kv.block_size, valid)
+        attn.tree_mask = mask
+        res = self.model(tokens, rope_at, self.kv, attn, rows=torch.tensor(select, dtype=torch.long),
+                         **({"return_hidden": True} if self.hidden else {}))
+        logits, hidden = res if self.hidden else (res, None)            # (N, V), (N, C)
+        at = 0
+        for i, q in zip(index, queries):
+            if q.wanted:
+                out.logits[i] = logits[at:at + len(q.wanted)]
+                if hidden is not None:
+                    out.hidden[i] = hidden[at:at + len(q.wanted)]
+            at += len(q.wanted)
+
+    def commit(self, batch: ScheduledBatch, drafts: list, verdicts: list):
+        """A draft tree's accepted path sits in scattered slots (node i at position end + i): move it into the
+        consecutive positions end, end + 1, ... that the sequence now claims (Medusa). Chains need nothing."""
+        src, dst, bs = [], [], self.kv.block_size
+        for row, d, v in zip(batch.rows, drafts or [], verdicts):
+            if d is None or d.is_chain or not v.path:
+                continue
+            table = row.seq.block_table
+            slot = lambda p: table[p // bs] * bs + p % bs               # noqa: E731
+            for j, i in enumerate(v.path):
+                if i != j:
+                    src.append(slot(row.end + i))
+                    dst.append(slot(row.end + j))
+        self.kv.move_slots(src, dst)

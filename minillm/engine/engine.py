@@ -1,0 +1,190 @@
+"""LLMEngine: add_request / step / abort, the one path through the engine (DESIGN.md).
+
+    step():  batch    = scheduler.schedule()             # who runs, prompt chunks, preemptions; blocks
+             drafts   = proposer.propose(batch)          # k tokens per decode row (k = 0: plain decoding)
+             out      = runner.run(batch, drafts)        # one forward; logits at each newest token and draft
+             verdicts = verify(batch, drafts, out)       # k = 0: sampling; k > 0: the exact acceptance rule
+             scheduler.update(batch, verdicts)           # append, stop checks, finish, free, roll back
+             trace.after_update(...)                     # what the step did, as plain data
+
+A step is a transaction: if anything raises before the update (the model call interrupted, a proposer
+failing), every sequence is left where it was, so the next step computes what an uninterrupted run would:
+num_computed moves only in the update, generators are restored, blocks the step was still to fill are
+recomputed, and nothing unwritten can enter the prefix cache (blocks are named only once computed).
+A request's own mistake inside a step (its logits processor raising) finishes it with finish_reason "error";
+the others go on.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+import zlib
+from contextlib import contextmanager
+from typing import Callable, Optional
+
+from ..core.batch import ScheduledBatch
+from ..core.detokenizer import Detokenizer
+from ..core.model_runner import ModelRunner
+from ..core.outputs import RequestOutput
+from .parts import Parts, prepare
+from ..core.request import Request
+from ..core.sampling import SamplingParams
+from ..core.scheduler import Scheduler
+from ..core.sequence import Sequence
+from ..core.trace import BlockSnapshot, Trace, block_snapshot
+from ..core.verify import verify
+
+
+class LLMEngine:
+    def __init__(self, parts: Parts, clock: Optional[Callable[[], float]] = None):
+        self.parts, self.config = parts, parts.config
+        self.model, self.tokenizer, self.kv, self.block_manager = parts.model, parts.tokenizer, parts.kv, parts.block_manager
+        self.proposer, self.verify_rule, self.quant_report = parts.proposer, parts.verify, parts.quant_report
+        self.clock = clock or time.perf_counter
+        self.scheduler = Scheduler(self.config, self.block_manager, self.clock, Detokenizer(self.tokenizer, self.config.max_model_len),
+                                   parts.policy, slots=self.proposer.num_slots)
+        self.runner = ModelRunner(parts.forward, self.kv, parts.swap, hidden=self.proposer.needs_hidden)
+        self.trace = Trace(self.config.trace, block_bytes=self.kv.nbytes // self.kv.num_blocks,
+                           block_size=self.kv.block_size)
+        self.requests: dict[str, Request] = {}
+        self._seq_ids, self._req_ids = itertools.count(), itertools.count()
+
+    @classmethod
+    def from_model(cls, model, tokenizer, config, clock: Optional[Callable[[], float]] = None, **seams) -> "LLMEngine":
+        """Prepare the parts (minillm.engine.parts.prepare: quantize, backend, KV pool, proposer ...) and build an engine."""
+        return cls(prepare(model, tokenizer, config, **seams), clock)
+
+    # ------------------------------------------------------------------ requests
+    def make_request(self, prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
+                     arrival_time: Optional[float] = None) -> Request:
+        """Validate a prompt (text, or token ids with BOS) and its parameters; queues nothing (see enqueue)."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        ids = self.validate(prompt)
+        self.check_fits(len(ids), params)
+        if request_id is None:
+            request_id = str(next(self._req_ids))
+            while request_id in self.requests:  # never collide with an id the caller chose
+                request_id = str(next(self._req_ids))
+        request_id = str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        now = self.clock() if arrival_time is None else arrival_time
+        base_seed = params.seed if params.seed is not None else \
+            (self.config.seed * 1_000_003 + zlib.crc32(request_id.encode())) & 0x7FFFFFFF  # stable across processes
+        seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, base_seed + i, now) for i in range(params.n)]
+        return Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, now, seqs)
+
+    def enqueue(self, request: Request) -> str:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.scheduler.add(request.seqs)
+        return request.request_id
+
+    def add_request(self, prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
+                    arrival_time: Optional[float] = None) -> str:
+        """prompt: text or a list of token ids (BOS included). Validated before anything is queued."""
+        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time))
+
+    def validate(self, prompt) -> list[int]:
+        """Prompt -> token ids, or a ValueError naming what is wrong. Queues nothing."""
+        if isinstance(prompt, (bytes, bytearray)):
+            raise ValueError("prompt is bytes: pass text (str, e.g. prompt.decode('utf-8')) or a list of token ids")
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif hasattr(prompt, "tolist") and getattr(prompt, "ndim", 0) == 1:   # a numpy array or torch tensor
+            ids = prompt.tolist()
+        elif hasattr(prompt, "__len__") and not isinstance(prompt, dict):
+            ids = list(prompt)
+        else:
+            raise ValueError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}")
+        V, limit = self.model.config.vocab_size, self.config.max_model_len
+        bad = [t for t in ids if isinstance(t, bool) or not hasattr(t, "__index__") or not 0 <= int(t) < V]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {V}), got {bad[:5]}")
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise ValueError("prompt is empty: pass text or at least one token id")
+        if len(ids) >= limit:
+            raise ValueError(f"prompt has {len(ids)} tokens but max_model_len is {limit}: "
+                             f"it must be shorter to leave room for at least one generated token")
+        return ids
+
+    def check_fits(self, prompt_len: int, params: SamplingParams):
+        """A request that could never run is refused up front: one sample that outgrows the whole pool would wait
+        forever (n > 1 samples need not fit at once: preemption runs them in turn). So is one the speculative
+        method cannot serve (Medusa verifies a tree greedily)."""
+        if self.proposer.needs_hidden and not params.greedy:
+            raise ValueError(f"speculative method 'medusa' verifies its candidate tree greedily: it needs temperature=0, "
+                             f"got temperature={params.temperature} (use method 'draft' or 'ngram' to sample)")
+        bs = self.config.block_size
+        need = -(-min(prompt_len + params.max_tokens, self.config.max_model_len) // bs)
+        if need > self.block_manager.num_blocks:
+            raise ValueError(f"request needs up to {need} KV blocks ({prompt_len} prompt tokens + max_tokens="
+                             f"{params.max_tokens}, block_size={bs}) but the whole pool has "
+                             f"{self.block_manager.num_blocks}: lower max_tokens, or raise kv_cache_bytes")
+
+    def abort(self, request_id: str):
+        if str(request_id) not in self.requests:
+            raise ValueError(f"abort: no request with id {request_id!r} (known: {sorted(self.requests)[:10]})")
+        for seq in self.requests[str(request_id)].seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+                self.proposer.rollback(seq, 0)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[RequestOutput]:
+        """One model call. Returns the state of every request that ran in it."""
+        start, batch = self.clock(), self.scheduler.schedule()
+        with self._transaction(batch):
+            self.runner.move_blocks(batch)                                # swaps and copy-on-write, before any write
+            if not batch:
+                return []
+            drafts, draft_s = self._timed(self.proposer.propose, batch)   # k tokens per decode row, or None
+            out, run_s = self._timed(self.runner.run, batch, drafts)      # logits at every newest token and draft
+            verdicts = verify(batch, drafts, out, self.verify_rule)       # what each row emits, drafts kept
+            self.runner.commit(batch, drafts, verdicts)                   # a kept tree path into consecutive slots
+            self.proposer.observe(batch, drafts, verdicts, out)
+        pending = self.trace.before_update(batch, self.scheduler)
+        self.scheduler.update(batch, verdicts)                            # append, stop, finish, free, roll back
+        self.proposer.gc(*self.scheduler.live_ids())
+        self.trace.after_update(batch, drafts, verdicts, pending, start, draft_s, run_s, self.clock())
+        return [self.requests[rid].output() for rid in dict.fromkeys(s.request_id for s in batch.seqs)]
+
+    def _timed(self, fn, *args):
+        t0 = self.clock()
+        return fn(*args), self.clock() - t0
+
+    @contextmanager
+    def _transaction(self, batch: ScheduledBatch):
+        """Undo what a step did before its update if anything in it raises (KeyboardInterrupt included)."""
+        seqs = [r.seq for r in batch.rows if r.writes] + [c for _, c in batch.forks]
+        saved = [(s, s.generator.get_state()) for s in seqs if not s.params.greedy]
+        try:
+            yield
+        except BaseException:
+            for s, state in saved:
+                s.generator.set_state(state)
+            self.scheduler.rollback(batch)
+            for s in seqs:
+                self.proposer.rollback(s, s.num_computed)
+            raise
+
+    def pop_finished(self) -> list[RequestOutput]:
+        """Outputs of finished requests, removed from the engine's bookkeeping."""
+        done = [rid for rid, r in self.requests.items() if r.finished]
+        return [self.requests.pop(rid).output() for rid in done]
+
+    def block_snapshot(self) -> BlockSnapshot:
+        """Who holds which physical block right now, as plain data for minillm.viz's block map."""
+        return block_snapshot(self.scheduler)
+
+    @property
+    def spec_stats(self) -> dict:
+        """Speculative decoding's counters (drafted, accepted, emitted, alpha terms, seconds), kept with trace=False."""
+        return self.trace.spec_stats

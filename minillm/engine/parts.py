@@ -1,0 +1,123 @@
+"""Parts prepared in one place, then handed to the engine, which never opens a file:
+
+    model (loaded, in its dtype) -> quantize -> backend forward -> KV pool and block manager -> scheduling
+    policy -> proposer (a draft model loaded, or Medusa heads) -> verification rule
+
+Every seam of DESIGN.md can be replaced here by an object of the same interface (LLM(..., policy=...) passes
+them on): the scheduling `policy` (minillm.core.policies), the `block_manager` (a factory called like BlockManager),
+the `proposer` (minillm.core.proposer), the `verify` rule (minillm.core.verify). Logits processors are per request
+(SamplingParams.logits_processors); a weight type is plugged into the model itself (any module with a
+forward over the last dimension where an nn.Linear was).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..backends.capabilities import backend_model, check_backend
+from ..core.block_manager import BlockManager
+from ..config import EngineConfig
+from ..llama.kv_cache import KVCache, SwapSpace
+from ..core.policies import SchedulingPolicy, make_policy
+from ..core.proposer import Proposer
+from ..core.verify import verify_sampled
+
+SEAMS = ("policy", "block_manager", "proposer", "verify")
+
+
+@dataclass
+class Parts:
+    config: EngineConfig            # max_model_len filled in from the model
+    model: Any                      # the torch Transformer (quantized if asked): shapes, vocabulary
+    tokenizer: Any
+    forward: Any                    # what the runner calls: the model, or its numba / CUDA twin
+    kv: KVCache
+    swap: Optional[SwapSpace]
+    block_manager: Any
+    policy: SchedulingPolicy
+    proposer: Proposer
+    verify: Callable
+    quant_report: Optional[dict] = None
+
+
+def check_combinations(config: EngineConfig):
+    """Options that do not combine yet: refused, never silently ignored."""
+    from ..spec_decode.config import SpeculativeConfig
+    spec = SpeculativeConfig.from_dict(config.speculative) if config.speculative is not None else None
+    check_backend(config, spec.method if spec else None)
+    if spec is None:
+        return None
+    if config.batching != "continuous":
+        raise ValueError(f"speculative decoding needs batching='continuous' (each sequence advances by its own "
+                         f"number of tokens per step), got batching={config.batching!r}")
+    if spec.method == "medusa" and config.quantization:
+        raise ValueError("speculative method 'medusa' reads the target's float hidden states; it does not combine "
+                         f"with quantization={config.quantization!r}")
+    return spec
+
+
+def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[SchedulingPolicy] = None,
+            block_manager: Optional[Callable] = None, proposer: Optional[Proposer] = None,
+            verify: Optional[Callable] = None) -> Parts:
+    """model: a Transformer from minillm.load (already in config.dtype); tokenizer: its tokenizer."""
+    from ..quantization.quantize import quantize_model
+    config = config.with_model(model.config)
+    spec = check_combinations(config)
+    quant_report = None
+    if config.quantization:            # a quantized copy: the caller's model is left as it was
+        model, quant_report = quantize_model(model, config.quantization, config.quant_config, tokenizer)
+    model.ensure_rope(config.max_model_len)
+    forward = backend_model(model, config.backend)                    # the torch model, or its numba / CUDA twin
+    kv_dtype = torch.int8 if config.kv_cache_dtype == "int8" else next(model.parameters()).dtype
+    kv = KVCache.for_engine(model.config, config, kv_dtype, device=getattr(forward, "device", "cpu"))
+    per_block = kv.nbytes // kv.num_blocks
+    swap_blocks = config.swap_bytes // per_block
+    if config.preemption_mode == "swap" and swap_blocks < 1:
+        raise ValueError(f"preemption_mode='swap' needs swap_bytes for at least one block ({per_block:,} bytes), "
+                         f"got swap_bytes={config.swap_bytes}")
+    bm = (block_manager or BlockManager)(kv.num_blocks, config.block_size,
+                                         enable_prefix_caching=config.enable_prefix_caching, swap_blocks=swap_blocks)
+    if proposer is None:
+        proposer = _proposer(spec, model, tokenizer, config, kv) if spec else Proposer()
+    return Parts(config, model, tokenizer, forward, kv, SwapSpace(kv, swap_blocks) if swap_blocks else None, bm,
+                 policy or make_policy(config), proposer, verify or verify_sampled, quant_report)
+
+
+def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Proposer:
+    """Loads what the method needs (the draft model, the Medusa heads) and builds the proposer."""
+    from ..spec_decode.config import make_proposer
+    if spec.method == "draft":
+        from ..formats.loader import load
+        from ..llama.transformer import Transformer
+        from ..llama.tokenizer import same_tokenizer
+        if isinstance(spec.model, Transformer):
+            draft, draft_tok = spec.model, tokenizer
+        else:
+            draft, draft_tok = load(spec.model or "shakespeare-draft", None, config.dtype, config.seed)
+        if not same_tokenizer(draft_tok, tokenizer) or draft.config.vocab_size != model.config.vocab_size:
+            raise ValueError(f"the draft model {spec.model or 'shakespeare-draft'!r} uses a different tokenizer from the "
+                             f"target's (vocab {draft.config.vocab_size} vs {model.config.vocab_size}, or different "
+                             f"tokens): speculative decoding verifies token ids, so both must share one tokenizer")
+        if draft.config.max_seq_len < config.max_model_len:
+            raise ValueError(f"the draft model's context max_seq_len={draft.config.max_seq_len} is shorter than "
+                             f"max_model_len={config.max_model_len}")
+        dtype = next(model.parameters()).dtype
+        draft = (draft.to(dtype) if next(draft.parameters()).dtype != dtype else draft).eval()
+        draft.ensure_rope(config.max_model_len)
+        # the draft's pool holds every running token plus each sequence's drafts (its bytes are small)
+        blocks = kv.num_blocks + config.max_num_seqs * (-(-spec.gamma // config.block_size) + 1)
+        kv_dtype = kv.k.dtype if not kv.quantized else torch.float32
+        return make_proposer(spec, model, tokenizer, config, draft=(backend_model(draft, spec.draft_backend),
+                                                                   draft.config, blocks, kv_dtype))
+    heads = None
+    if spec.method == "medusa":
+        from ..formats.loader import MODELS_DIR
+        from ..spec_decode.medusa_tree import DEFAULT_CHOICES, build_tree
+        from ..spec_decode.medusa_heads import load_medusa
+        heads = load_medusa(spec.heads or os.path.join(MODELS_DIR, "shakespeare-medusa.bin"), model)
+        choices = [tuple(c) for c in (spec.tree or DEFAULT_CHOICES)]
+        build_tree(0, torch.zeros(heads.weight.shape[0], model.config.vocab_size), choices)  # validates the tree now
+    return make_proposer(spec, model, tokenizer, config, heads=heads)

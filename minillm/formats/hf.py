@@ -1,0 +1,246 @@
+"""Hugging Face Llama directories: config.json + model.safetensors (+ tokenizer.json).
+
+HF applies RoPE with rotate_half, pairing dims (j, j + D/2); llama2.c (and this engine) pair (2j, 2j+1).
+The same model in both conventions differs by a fixed permutation of wq's and wk's rows per head:
+    HF -> llama2.c:  W.reshape(H, 2, D/2, C).transpose(1, 2).reshape(H*D, C)
+with H = n_heads for wq and n_kv_heads for wk (llama2.c's export.py uses n_heads for both, which is
+wrong under GQA). Without it position 0 still matches (RoPE is the identity there), so tests compare
+logits at every position.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import torch
+
+from ..config import ModelConfig
+from ..llama.transformer import Transformer
+
+_NAMES = {  # HF name (per layer) -> ours
+    "input_layernorm": "attention_norm", "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
+    "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2", "mlp.up_proj": "feed_forward.w3",
+}
+
+
+def hf_to_pairs(w, n_heads: int):
+    """Rows of a q/k projection from HF's half-split RoPE layout to llama2.c's interleaved pairs.
+    w: (H*D, C) -> (H*D, C)"""
+    HD, C = w.shape
+    D = HD // n_heads
+    return w.reshape(n_heads, 2, D // 2, C).transpose(1, 2).reshape(HD, C)  # (H, D/2, 2, C) flattened
+
+
+def pairs_to_hf(w, n_heads: int):
+    """The inverse of hf_to_pairs. w: (H*D, C) -> (H*D, C)"""
+    HD, C = w.shape
+    D = HD // n_heads
+    return w.reshape(n_heads, D // 2, 2, C).transpose(1, 2).reshape(HD, C)  # (H, 2, D/2, C) flattened
+
+
+def is_hf_dir(path) -> bool:
+    return os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json"))
+
+
+# ---------------------------------------------------------------------------- config.json
+# Every check names the file, the field and the value: a hand-edited config fails here, not as a KeyError,
+# a TypeError from "256" // 4 or a ZeroDivisionError deep in the model.
+REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
+_JSON_TYPES = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def read_json(file) -> dict:
+    """The JSON object in `file`; anything else (not JSON, a list, a number) is a ValueError naming the file."""
+    try:
+        with open(file, encoding="utf-8") as f:
+            value = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{file} must hold a JSON object, found {_JSON_TYPES.get(type(value), type(value).__name__)}")
+    return value
+
+
+def _positive_int(file, name: str, value) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:  # bool is an int: true is not 1 here
+        return value
+    raise ValueError(f"{file}: {name}={value!r} must be a positive integer")
+
+
+def _positive_float(file, name: str, value) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    raise ValueError(f"{file}: {name}={value!r} must be a positive number")
+
+
+def _field(c: dict, file, name: str, check, default=None):
+    """c[name] through check. A required field must be there; an optional one missing (or null) is `default`."""
+    if name in REQUIRED:
+        if name not in c:
+            raise ValueError(f"{file}: required field {name!r} is missing (a Llama config.json has {', '.join(REQUIRED)})")
+        return check(file, name, c[name])
+    return default if c.get(name) is None else check(file, name, c[name])
+
+
+def read_config(path) -> ModelConfig:
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"no config.json in {path}")
+    c = read_json(cfg_path)
+    if c.get("model_type", "llama") != "llama":
+        raise ValueError(f"{cfg_path}: model_type={c.get('model_type')!r}; only 'llama' is supported")
+    if c.get("hidden_act", "silu") != "silu" or c.get("attention_bias") or c.get("mlp_bias"):
+        raise ValueError(f"{cfg_path}: hidden_act={c.get('hidden_act')!r}, attention_bias={c.get('attention_bias')}, "
+                         f"mlp_bias={c.get('mlp_bias')}; this engine implements silu without biases")
+    rope_key = "rope_parameters" if c.get("rope_parameters") else "rope_scaling"
+    rope = c.get(rope_key) or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"{cfg_path}: {rope_key}={rope!r} must be a JSON object")
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise ValueError(f"{cfg_path}: rope_type={rope.get('rope_type')!r} is not supported (only default RoPE)")
+    if "rope_theta" in rope:
+        theta = _positive_float(cfg_path, f"{rope_key}.rope_theta", rope["rope_theta"])
+    else:
+        theta = _field(c, cfg_path, "rope_theta", _positive_float, 10000.0)
+    dim, heads = _field(c, cfg_path, "hidden_size", _positive_int), _field(c, cfg_path, "num_attention_heads", _positive_int)
+    head_dim = _field(c, cfg_path, "head_dim", _positive_int, dim // heads)
+    if head_dim * heads != dim:
+        raise ValueError(f"{cfg_path}: head_dim={head_dim} x heads={heads} != hidden_size={dim}; "
+                         f"this engine needs dim = n_heads * head_dim")
+    tie = c.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ValueError(f"{cfg_path}: tie_word_embeddings={tie!r} must be true or false")
+    shape = dict(dim=dim, hidden_dim=_field(c, cfg_path, "intermediate_size", _positive_int),
+                 n_layers=_field(c, cfg_path, "num_hidden_layers", _positive_int), n_heads=heads,
+                 n_kv_heads=_field(c, cfg_path, "num_key_value_heads", _positive_int, heads),
+                 vocab_size=_field(c, cfg_path, "vocab_size", _positive_int),
+                 max_seq_len=_field(c, cfg_path, "max_position_embeddings", _positive_int, 2048),
+                 rope_theta=theta, norm_eps=_field(c, cfg_path, "rms_norm_eps", _positive_float, 1e-6), shared_classifier=tie)
+    try:
+        return ModelConfig(**shape)
+    except ValueError as e:  # what only the combination breaks, e.g. n_heads=4 is not divisible by n_kv_heads=3
+        raise ValueError(f"{cfg_path}: {e}") from None
+
+
+# ---------------------------------------------------------------------------- safetensors
+def _load_safetensors(file) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"safetensors file not found: {file}")
+    try:
+        return load_file(file)
+    except SafetensorError as e:
+        raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+
+
+def _shards(path) -> list[str]:
+    """The shard files model.safetensors.index.json names, each checked to lie inside `path`: an index is data,
+    and one naming /etc/... or ../.. must not make the loader read files outside the model directory."""
+    index_file = os.path.join(path, "model.safetensors.index.json")
+    weight_map = read_json(index_file).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index_file}: weight_map must map tensor names to shard files, found {weight_map!r:.80}")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        norm = os.path.normpath(shard)
+        if os.path.isabs(shard) or os.path.splitdrive(shard)[0] or norm == os.pardir or norm.startswith(os.pardir + os.sep):
+            raise ValueError(f"{index_file}: shard {shard!r} is outside the model directory {path}; "
+                             f"shards must be files inside it")
+    return [os.path.join(path, shard) for shard in shards]
+
+
+def _read_tensors(path) -> tuple[dict, dict]:
+    """-> ({tensor name: tensor}, {tensor name: the file it came from})."""
+    single = os.path.join(path, "model.safetensors")
+    if os.path.exists(single):
+        files = [single]
+    elif os.path.exists(os.path.join(path, "model.safetensors.index.json")):
+        files = _shards(path)
+    else:
+        raise FileNotFoundError(f"no model.safetensors (or model.safetensors.index.json) in {path}")
+    tensors, where = {}, {}
+    for file in files:
+        for name, t in _load_safetensors(file).items():
+            tensors[name], where[name] = t, file
+    return tensors, where
+
+
+def _hf_shapes(cfg: ModelConfig) -> dict:
+    """HF name (without "model.") -> the shape config.json implies, per layer for the layer tensors."""
+    C, Hd, V, HD = cfg.dim, cfg.hidden_dim, cfg.vocab_size, cfg.n_heads * cfg.head_dim
+    return {"embed_tokens": (V, C), "norm": (C,), "lm_head": (V, C), "input_layernorm": (C,),
+            "self_attn.q_proj": (HD, C), "self_attn.k_proj": (cfg.kv_dim, C), "self_attn.v_proj": (cfg.kv_dim, C),
+            "self_attn.o_proj": (C, HD), "post_attention_layernorm": (C,), "mlp.gate_proj": (Hd, C),
+            "mlp.down_proj": (C, Hd), "mlp.up_proj": (Hd, C)}
+
+
+def load_hf(path) -> Transformer:
+    cfg = read_config(path)
+    raw, where = _read_tensors(path)
+    names = {k.removeprefix("model."): k for k in raw}                     # ours -> the file's own name
+    hf = {k.removeprefix("model."): v for k, v in raw.items()}
+    shapes = _hf_shapes(cfg)
+    dims = (f"hidden_size={cfg.dim}, intermediate_size={cfg.hidden_dim}, num_attention_heads={cfg.n_heads}, "
+            f"num_key_value_heads={cfg.n_kv_heads}, vocab_size={cfg.vocab_size}")
+
+    def take(key: str, kind: str):
+        """The tensor, checked against config.json's shape before any reshape or load_state_dict sees it."""
+        if key not in hf:
+            raise ValueError(f"{path}: tensor {key!r} missing from the safetensors files")
+        w = hf.pop(key)
+        if tuple(w.shape) != shapes[kind]:
+            raise ValueError(f"{where[names[key]]}: tensor {names[key]!r} has shape {tuple(w.shape)}, config.json "
+                             f"implies {shapes[kind]} ({dims})")
+        return w.to(torch.float32)
+
+    if "lm_head.weight" not in hf:
+        cfg.shared_classifier = True
+    state = {"tok_embeddings.weight": take("embed_tokens.weight", "embed_tokens"), "norm.weight": take("norm.weight", "norm")}
+    for i in range(cfg.n_layers):
+        for theirs, ours in _NAMES.items():
+            w = take(f"layers.{i}.{theirs}.weight", theirs)
+            if theirs == "self_attn.q_proj":
+                w = hf_to_pairs(w, cfg.n_heads)
+            elif theirs == "self_attn.k_proj":
+                w = hf_to_pairs(w, cfg.n_kv_heads)  # n_kv_heads, not n_heads: the GQA-correct permutation
+            state[f"layers.{i}.{ours}.weight"] = w
+    head = take("lm_head.weight", "lm_head") if "lm_head.weight" in hf else None
+    leftover = sorted(k for k in hf if "rotary_emb" not in k)
+    if leftover:
+        raise ValueError(f"{path}: tensors this Llama engine does not use: {leftover[:6]}")
+    state["output.weight"] = state["tok_embeddings.weight"] if cfg.shared_classifier else head
+    model = Transformer(cfg)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+class HFTokenizer:
+    """tokenizer.json through the `tokenizers` library, with the engine's Tokenizer interface."""
+
+    def __init__(self, path):
+        from tokenizers import Tokenizer as _T
+        file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        if not os.path.exists(file):
+            raise FileNotFoundError(f"tokenizer.json not found: looked for {file}")
+        self._tok = _T.from_file(file)
+        cfg_file = os.path.join(os.path.dirname(file), "config.json")
+        c = read_json(cfg_file) if os.path.exists(cfg_file) else {}
+        self.bos_id = c.get("bos_token_id", 1)
+        if not isinstance(self.bos_id, int):
+            raise ValueError(f"{cfg_file}: bos_token_id={self.bos_id!r}; prompts here start with a BOS token id")
+        eos = c.get("eos_token_id", 2)
+        self.stop_ids = set(eos) if isinstance(eos, list) else {eos}  # newer configs list several
+        if not self.stop_ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.stop_ids):
+            raise ValueError(f"{cfg_file}: eos_token_id={eos!r} must be a token id or a list of them")
+        self.eos_id = min(self.stop_ids)
+        self.vocab_size = self._tok.get_vocab_size()
+
+    def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+    def decode(self, ids, prev_token=None) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)

@@ -1,0 +1,162 @@
+"""The package's layers (README's map): imports point down only, and no files import each other in a circle.
+
+    kernels, config, paths, progress          the ground: numba kernels and plain configuration
+    llama                                     the model and its numerics
+    formats                                   files in and out
+    core                                      the engine's mechanisms and its seams
+    spec_decode, quantization, backends       plug into the core's seams; independent of each other
+    engine                                    parts prepared in one place, LLMEngine, LLM
+    bench, training, labs                     use the engine
+    viz                                       draws what the layers below record (minillm never imports it)
+    __main__, __init__                        the CLI and the package's face
+
+Every import is read from the source with `ast`, function-level imports included: a lazy import is still an arrow.
+"""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+LAYERS = {"kernels": 0, "config": 0, "paths": 0, "progress": 0, "_moved": 0, "llama": 1, "formats": 2, "core": 3,
+          "spec_decode": 4, "quantization": 4, "backends": 4, "engine": 5, "bench": 6, "training": 6, "labs": 6,
+          "viz": 7, "__main__": 8, "__init__": 8}
+INDEPENDENT = {"spec_decode", "quantization", "backends"}   # plug-ins: none may import another
+
+
+def modules() -> dict:
+    """module name -> (file path, is a package)"""
+    found = {}
+    for folder, pkg in (("minillm", "minillm"), ("kernels", "minillm.kernels"), ("viz", "minillm.viz")):
+        base = os.path.join(ROOT, folder)
+        for dirpath, dirs, files in os.walk(base):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for f in files:
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(dirpath, f), base)[:-3].split(os.sep)
+                    is_pkg = rel[-1] == "__init__"
+                    name = ".".join([pkg] + (rel[:-1] if is_pkg else rel))
+                    found[name] = (os.path.join(dirpath, f), is_pkg)
+    return found
+
+
+def imports(name: str, path: str, is_pkg: bool, known: dict) -> set:
+    tree = ast.parse(open(path).read())
+    out = set()
+    package = name if is_pkg else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:                          # `from . import x` may name a module
+                if f"{target}.{alias.name}" in known:
+                    out.add(f"{target}.{alias.name}")
+            out.add(target)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {t for t in out if t in known and t != name}
+
+
+def layer_of(name: str) -> tuple[str, int]:
+    parts = name.split(".")
+    key = "__init__" if name == "minillm" else parts[1]
+    return key, LAYERS[key]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    known = modules()
+    return {m: imports(m, p, pkg, known) for m, (p, pkg) in known.items()}
+
+
+def test_every_module_has_a_layer(graph):
+    assert not [m for m in graph if (m.split(".")[1] if m != "minillm" else "__init__") not in LAYERS]
+
+
+def violations(graph) -> list[str]:
+    bad = []
+    for m, targets in graph.items():
+        (mk, ml) = layer_of(m)
+        for t in targets:
+            tk, tl = layer_of(t)
+            if tl > ml or (tl == ml and mk != tk and (mk in INDEPENDENT or tl < 6)):
+                bad.append(f"{m} ({mk}, layer {ml}) imports {t} ({tk}, layer {tl})")
+    return sorted(bad)
+
+
+def test_imports_point_down_the_layers(graph):
+    bad = violations(graph)
+    assert not bad, "imports that point up or across the layers:\n" + "\n".join(bad)
+
+
+def circles(graph) -> list:
+    """Tarjan's strongly connected components over module -> module arrows (packages' faces excluded: importing
+    a submodule runs its package's __init__, which is not an arrow of the code)."""
+    g = {m: {t for t in ts if not modules_is_face(t)} for m, ts in graph.items() if not modules_is_face(m)}
+    index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in g:
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circles(graph):
+    assert not circles(graph), f"modules that import each other in a circle: {circles(graph)}"
+
+
+def modules_is_face(name: str) -> bool:
+    path = os.path.join(ROOT, *name.split(".")[1:], "__init__.py") if name.startswith("minillm.") else ""
+    return name in ("minillm", "minillm.kernels", "minillm.viz") or os.path.exists(path)
+
+
+def test_the_checkers_see_an_upward_import_and_a_circle(graph):
+    fake = dict(graph)
+    fake["minillm.core.scheduler"] = graph["minillm.core.scheduler"] | {"minillm.engine.engine"}
+    fake["minillm.quantization.awq"] = graph["minillm.quantization.awq"] | {"minillm.backends.capabilities"}
+    assert violations(fake) == [
+        "minillm.core.scheduler (core, layer 3) imports minillm.engine.engine (engine, layer 5)",
+        "minillm.quantization.awq (quantization, layer 4) imports minillm.backends.capabilities (backends, layer 4)"]
+    fake["minillm.llama.kv_cache"] = graph["minillm.llama.kv_cache"] | {"minillm.llama.transformer"}
+    assert ["minillm.llama.kv_cache", "minillm.llama.transformer"] in circles(fake)
+
+
+def test_old_import_paths_warn_or_name_the_new_ones():
+    import importlib
+    import warnings
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        old = importlib.import_module("minillm.scheduler")
+    new = importlib.import_module("minillm.core.scheduler")
+    assert old is new and any("minillm.scheduler moved to minillm.core.scheduler" in str(x.message) for x in w)
+    with pytest.raises(ImportError, match="minillm.quant was split .* minillm.llama.linears"):
+        importlib.import_module("minillm.quant")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        from minillm.bench import bench_decode  # noqa: F401
+    assert any("minillm.bench.bench_decode moved to minillm.bench.decode.bench_decode" in str(x.message) for x in w)
