@@ -1,6 +1,7 @@
 # make lab      create .venv, install, open JupyterLab on notebooks/
 # make test     create .venv, install, run pytest and nbval on every notebook
 # make student  write student/: the notebooks with exercise solutions removed
+# make test-slow  the long runs kept out of make test (the 10,000-schedule fuzzer: MINILLM_FUZZ_EXAMPLES)
 #
 # torch is installed first, pinned here (never in pyproject.toml, which takes a range): 2.13.0 is the
 # CPU build this project is tested with; with it in place pip keeps it instead of fetching another.
@@ -15,7 +16,7 @@ STAMP      := $(VENV)/.installed
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root,)
 NBVAL      := --nbval --nbval-current-env --nbval-cell-timeout=120 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: install lab test test-unit test-notebooks student clean
+.PHONY: install lab test test-unit test-notebooks test-slow lint student clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,12 +31,18 @@ install: $(STAMP)
 lab: install
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
-test: test-unit test-notebooks
+test: lint test-unit test-notebooks
+
+lint: install
+	$(BIN)/ruff check .
 
 # Two invocations: numba chooses the CUDA simulator or a GPU once per process, at its first import.
 test-unit: install
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q tests
 	MINILLM_PROGRESS=0 NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q tests/cudasim
+
+test-slow: install
+	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q -m slow tests
 
 test-notebooks: install
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q $(NBVAL) notebooks

@@ -4,7 +4,7 @@ with IO-Awareness", Algorithm 1), causal, with GQA: query head h reads KV head h
 Why: naive attention writes the whole (T, T) score matrix per head to memory, softmaxes it and reads it
 back: O(T^2) memory and traffic. FlashAttention never forms it. A tile of BR query rows walks over the
 keys in tiles of BC columns staged in fast (shared) memory and keeps, per query row, a running max m, a
-running sum l and an unnormalised output accumulator (the "online softmax" of Milakov & Gimelshein 2018):
+running sum lsum and an unnormalised output accumulator (the "online softmax" of Milakov & Gimelshein 2018):
 when a new tile raises the max from m to m', everything kept so far is rescaled by exp(m - m'). The
 result is exact attention (up to rounding) in O(T) memory. Causality lets a query tile skip every key
 tile above the diagonal entirely: about half the work.
@@ -56,7 +56,7 @@ def flash_attention_fwd(q, k, v, out):
         r, d = e // D, e % D
         qs[r, d] = q[b, q0 + r, h, d] if q0 + r < T else float32(0.0)
     i = q0 + ty
-    m, l = float32(-math.inf), float32(0.0)
+    m, lsum = float32(-math.inf), float32(0.0)
     for a in range(NACC):
         acc[a] = float32(0.0)
     n_tiles = (min(T, q0 + BR) + BC - 1) // BC        # causal: key tiles right of the block's last row are skipped
@@ -81,12 +81,12 @@ def flash_attention_fwd(q, k, v, out):
             for c in range(BC):
                 m_new = max(m_new, ps[ty, c])
             alpha = math.exp(m - m_new)               # rescale what was kept under the old max (0 at tile 0)
-            l *= alpha
+            lsum *= alpha
             for a in range(NACC):
                 acc[a] *= alpha
             for c in range(BC):
                 p = math.exp(ps[ty, c] - m_new)       # exp(-inf) = 0 for masked keys
-                l += p
+                lsum += p
                 for a in range(NACC):
                     if tx + a * BC < D:
                         acc[a] += p * vs[c, tx + a * BC]
@@ -94,7 +94,7 @@ def flash_attention_fwd(q, k, v, out):
     if i < T:
         for a in range(NACC):
             if tx + a * BC < D:
-                out[b, i, h, tx + a * BC] = acc[a] / l
+                out[b, i, h, tx + a * BC] = acc[a] / lsum
 
 
 def _check_qkv(q, k, v):
@@ -138,7 +138,7 @@ def flash_attention_rows(q, k, v, out, block):
         s = np.empty(block, np.float32)              # one tile of scores: O(block), never O(T)
         acc = out[i, h]                               # (D,) view: the accumulator is the output row
         acc[:] = 0.0
-        m, l = np.float32(NEG), np.float32(0.0)
+        m, lsum = np.float32(NEG), np.float32(0.0)
         for k0 in range(0, i + 1, block):             # causal: tiles past the diagonal never start
             k1 = min(k0 + block, i + 1)
             m_new = m
@@ -149,17 +149,17 @@ def flash_attention_rows(q, k, v, out, block):
                 s[j - k0] = dot * scale
                 m_new = max(m_new, s[j - k0])
             alpha = np.exp(m - m_new)                 # 0 at the first tile (m = NEG), else rescales
-            l *= alpha
+            lsum *= alpha
             for d in range(D):
                 acc[d] *= alpha
             for j in range(k0, k1):
                 p = np.exp(s[j - k0] - m_new)
-                l += p
+                lsum += p
                 for d in range(D):
                     acc[d] += p * v[j, hk, d]
             m = m_new
         for d in range(D):
-            acc[d] /= l
+            acc[d] /= lsum
 
 
 def flash_attention_cpu(q, k, v, block: int = BC):

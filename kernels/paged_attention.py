@@ -59,7 +59,7 @@ def paged_attention_split(q, k_pool, v_pool, block_tables, context_lens, part_ou
     scale = float32(1.0 / math.sqrt(D))
     for d in range(t, D, THREADS):
         qs[d] = q[r, h, d]
-    m, l = float32(-math.inf), float32(0.0)
+    m, lsum = float32(-math.inf), float32(0.0)
     for a in range(NACC):
         acc[a] = float32(0.0)
     n_chunks = (n + THREADS - 1) // THREADS if n > 0 else 0   # every chunk holds >= 1 position
@@ -96,7 +96,7 @@ def paged_attention_split(q, k_pool, v_pool, block_tables, context_lens, part_ou
             cuda.syncthreads()
             step //= 2
         alpha = math.exp(m - m_new)                   # 0 at the first chunk (m = -inf)
-        l = l * alpha + red[0]
+        lsum = lsum * alpha + red[0]
         m = m_new
         for a in range(NACC):
             d = t + a * THREADS
@@ -108,10 +108,10 @@ def paged_attention_split(q, k_pool, v_pool, block_tables, context_lens, part_ou
     for a in range(NACC):
         d = t + a * THREADS
         if d < D:
-            part_out[r, sp, h, d] = acc[a] / l if l > 0 else float32(0.0)
+            part_out[r, sp, h, d] = acc[a] / lsum if lsum > 0 else float32(0.0)
     if t == 0:
         part_max[r, sp, h] = m
-        part_lse[r, sp, h] = m + math.log(l) if l > 0 else float32(-math.inf)
+        part_lse[r, sp, h] = m + math.log(lsum) if lsum > 0 else float32(-math.inf)
 
 
 @cuda_kernel("void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1])")
@@ -201,11 +201,11 @@ def flash_decoding_cuda(q, k_pool, v_pool, block_tables, context_lens, num_split
 @njit(fastmath=True, cache=True)
 def _attend(q, k_pool, v_pool, table, hk, p0, p1, s, acc):
     """Positions [p0, p1) of one row for one head: q (D,), table (M,), s (>= p1 - p0,) scratch.
-    acc (D,) <- sum_p exp(s_p - m) v_p; returns (m, l = sum_p exp(s_p - m)). One fixed order: scores in
+    acc (D,) <- sum_p exp(s_p - m) v_p; returns (m, lsum = sum_p exp(s_p - m)). One fixed order: scores in
     position order, then the max, then exps and sums in position order (no dependence on other rows)."""
     BS, D = k_pool.shape[1], q.shape[0]
     scale = np.float32(1.0 / np.sqrt(D))
-    m, l = np.float32(NEG), np.float32(0.0)
+    m, lsum = np.float32(NEG), np.float32(0.0)
     for p in range(p0, p1):
         blk, off = table[p // BS], p % BS
         dot = np.float32(0.0)
@@ -217,10 +217,10 @@ def _attend(q, k_pool, v_pool, table, hk, p0, p1, s, acc):
     for p in range(p0, p1):
         blk, off = table[p // BS], p % BS
         e = np.exp(s[p - p0] - m)
-        l += e
+        lsum += e
         for d in range(D):
             acc[d] += e * v_pool[blk, off, hk, d]
-    return m, l
+    return m, lsum
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -234,9 +234,9 @@ def paged_attention_rows(q, k_pool, v_pool, block_tables, context_lens, out):
         r, h = idx // H, idx % H
         n = context_lens[r]
         s = np.empty(max(n, 1), np.float32)
-        m, l = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, 0, n, s, out[r, h])
+        m, lsum = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, 0, n, s, out[r, h])
         for d in range(D):
-            out[r, h, d] = out[r, h, d] / l if l > 0 else 0.0
+            out[r, h, d] = out[r, h, d] / lsum if lsum > 0 else 0.0
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -257,10 +257,10 @@ def flash_decoding_rows(q, k_pool, v_pool, block_tables, context_lens, num_split
         p1 = min(p0 + per, n)
         s = np.empty(max(per, 1), np.float32)
         o = part_out[r, sp, h]
-        m, l = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, p0, p1, s, o)
+        m, lsum = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, p0, p1, s, o)
         for d in range(D):                            # an empty split: o = 0 and lse = NEG
-            o[d] = o[d] / l if l > 0 else 0.0
-        part_lse[r, sp, h] = m + np.log(l) if l > 0 else NEG
+            o[d] = o[d] / lsum if lsum > 0 else 0.0
+        part_lse[r, sp, h] = m + np.log(lsum) if lsum > 0 else NEG
     for idx in prange(R * H):                         # combine, in split order
         r, h = idx // H, idx % H
         g = part_lse[r, :, h].max()

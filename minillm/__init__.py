@@ -1,11 +1,11 @@
 """minillm: a small, complete, from-scratch Llama inference engine to learn from and measure."""
 from . import _moved
 from .config import EngineConfig, ModelConfig
+from .core.outputs import CompletionOutput, RequestOutput
+from .core.sampling import SamplingParams
 from .engine.engine import LLMEngine
 from .engine.llm import LLM
 from .formats.loader import available_models, load
-from .core.outputs import CompletionOutput, RequestOutput
-from .core.sampling import SamplingParams
 from .llama.tokenizer import Tokenizer
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineConfig",

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -40,8 +39,8 @@ def generate_main(argv: list[str]) -> int:
     from dataclasses import fields
 
     from .config import EngineConfig
-    from .engine.llm import LLM
     from .core.sampling import SamplingParams
+    from .engine.llm import LLM
 
     ap = argparse.ArgumentParser(prog="python -m minillm generate")
     ap.add_argument("--model", required=True, help="registered name, random:<preset>, a .bin file or a HF directory")
@@ -57,7 +56,8 @@ def generate_main(argv: list[str]) -> int:
     engine_flags(ap.add_argument_group("engine (EngineConfig; --seed is the engine's)"))
     a = ap.parse_args(argv)
     params = SamplingParams(n=a.n, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.sampling_seed,
-                            max_tokens=a.max_tokens, stop=a.stop, stop_token_ids=a.stop_token_ids, ignore_eos=a.ignore_eos)
+                            max_tokens=a.max_tokens, stop=a.stop, stop_token_ids=a.stop_token_ids,
+                            ignore_eos=a.ignore_eos)
     options = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if f.name != "tokenizer"}
     llm = LLM(a.model, tokenizer=a.tokenizer, **options)
     outs = llm.generate(a.prompt, params)

@@ -29,9 +29,10 @@ MOVED = {
     "minillm.exercises": "minillm.labs", "minillm.student": "minillm.labs.student",
 }
 SPLIT = {
-    "minillm.quant": "weight types (Int8Linear, Int4Linear, Q80Linear, W8A8Linear, AWQLinear) to minillm.llama.linears; "
-                     "quantize_model and SCHEMES to minillm.quantization.quantize; AWQ's search to "
-                     "minillm.quantization.awq; calibration and SmoothQuant's factors to minillm.quantization.calibration",
+    "minillm.quant": "weight types (Int8Linear, Int4Linear, Q80Linear, W8A8Linear, AWQLinear) to "
+                     "minillm.llama.linears; quantize_model and SCHEMES to minillm.quantization.quantize; "
+                     "AWQ's search to minillm.quantization.awq; calibration and SmoothQuant's factors to "
+                     "minillm.quantization.calibration",
     "minillm.medusa": "MedusaHeads and its file format to minillm.spec_decode.medusa_heads; the candidate tree "
                       "(build_tree, greedy_accept, DEFAULT_CHOICES) to minillm.spec_decode.medusa_tree; training "
                       "(train_medusa, head_accuracy, the CLI) to minillm.training.medusa",
@@ -49,7 +50,8 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         if spec.name in SPLIT:
-            raise ImportError(f"{spec.name} was split when minillm grew subpackages: {SPLIT[spec.name]}", name=spec.name)
+            raise ImportError(f"{spec.name} was split when minillm grew subpackages: {SPLIT[spec.name]}",
+                              name=spec.name)
         new = MOVED[spec.name]
         warnings.warn(f"{spec.name} moved to {new}; the old path goes away in the next release", DeprecationWarning,
                       stacklevel=2)

@@ -128,11 +128,15 @@ class ModelConfig:
 # "shakespeare" is the target model this project trains and ships, "shakespeare-draft" its draft.
 PRESETS: dict[str, dict[str, Any]] = {
     "stories15M": dict(dim=288, hidden_dim=768, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000, max_seq_len=256),
-    "stories42M": dict(dim=512, hidden_dim=1376, n_layers=8, n_heads=8, n_kv_heads=8, vocab_size=32000, max_seq_len=1024),
-    "stories110M": dict(dim=768, hidden_dim=2048, n_layers=12, n_heads=12, n_kv_heads=12, vocab_size=32000, max_seq_len=1024),
-    "shakespeare": dict(dim=256, hidden_dim=768, n_layers=8, n_heads=4, n_kv_heads=2, vocab_size=4096, max_seq_len=1024),
+    "stories42M": dict(dim=512, hidden_dim=1376, n_layers=8, n_heads=8, n_kv_heads=8, vocab_size=32000,
+                       max_seq_len=1024),
+    "stories110M": dict(dim=768, hidden_dim=2048, n_layers=12, n_heads=12, n_kv_heads=12, vocab_size=32000,
+                        max_seq_len=1024),
+    "shakespeare": dict(dim=256, hidden_dim=768, n_layers=8, n_heads=4, n_kv_heads=2, vocab_size=4096,
+                        max_seq_len=1024),
     # the draft: under a tenth of the target's FLOPs per token (0.08x by flops_per_token)
-    "shakespeare-draft": dict(dim=96, hidden_dim=256, n_layers=2, n_heads=3, n_kv_heads=1, vocab_size=4096, max_seq_len=1024),
+    "shakespeare-draft": dict(dim=96, hidden_dim=256, n_layers=2, n_heads=3, n_kv_heads=1, vocab_size=4096,
+                              max_seq_len=1024),
     # small enough that the CPU runs it in milliseconds: tests and notebooks before the trained models
     "tiny": dict(dim=64, hidden_dim=192, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, max_seq_len=256),
 }
@@ -190,12 +194,14 @@ class EngineConfig:
         if self.quant_config is not None and not isinstance(self.quant_config, dict):
             raise ValueError(f"EngineConfig.quant_config must be None or a dict, got {self.quant_config!r}")
         if self.speculative is not None and not isinstance(self.speculative, dict):
-            raise ValueError(f"EngineConfig.speculative must be None or a dict with a 'method', got {self.speculative!r}")
+            raise ValueError("EngineConfig.speculative must be None or a dict with a 'method', "
+                             f"got {self.speculative!r}")
 
         # Options that contradict each other are refused, not silently ignored.
         if self.enable_chunked_prefill and self.batching != "continuous":
-            raise ValueError(f"EngineConfig.enable_chunked_prefill=True needs batching='continuous' (a static or dynamic "
-                             f"batch prefills whole prompts together), got batching={self.batching!r}")
+            raise ValueError(f"EngineConfig.enable_chunked_prefill=True needs batching='continuous' "
+                             f"(a static or dynamic batch prefills whole prompts together), "
+                             f"got batching={self.batching!r}")
         if self.max_num_batched_tokens is not None and not self.enable_chunked_prefill:
             raise ValueError(f"EngineConfig.max_num_batched_tokens={self.max_num_batched_tokens} is chunked prefill's "
                              f"per-step token budget: it needs enable_chunked_prefill=True")
@@ -203,8 +209,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.quant_config={self.quant_config!r} configures a quantization scheme, "
                              f"but quantization=None: name one of {choices['quantization'][1:]}")
         if self.swap_bytes and self.preemption_mode == "recompute":
-            raise ValueError(f"EngineConfig.swap_bytes={self.swap_bytes} is swap space that preemption_mode='recompute' "
-                             f"never uses: set preemption_mode='swap' or swap_bytes=0")
+            raise ValueError(f"EngineConfig.swap_bytes={self.swap_bytes} is swap space that "
+                             f"preemption_mode='recompute' never uses: set preemption_mode='swap' or swap_bytes=0")
         # (preemption_mode='swap' with too little swap_bytes is refused by LLMEngine, which knows a block's size.)
         total = _physical_memory()
         if self.kv_cache_bytes is not None and total is not None and self.kv_cache_bytes > total:

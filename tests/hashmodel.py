@@ -6,8 +6,8 @@ Each token's "K/V" is (token id, position); a query at position p reads the cach
 sequence and checks they come back in order. Greedy (one-hot logits), never BOS or EOS, so lengths are exact."""
 import torch
 
-from minillm.llama.attention import gather_kv
 from minillm.config import ModelConfig
+from minillm.llama.attention import gather_kv
 from minillm.llama.transformer import Transformer
 
 V = 300

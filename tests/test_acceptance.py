@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from minillm.spec_decode.acceptance import expected_tokens, measure_acceptance
 from minillm.config import ModelConfig
 from minillm.llama.transformer import Transformer
+from minillm.spec_decode.acceptance import expected_tokens, measure_acceptance
 
 
 def test_expected_tokens_formula():

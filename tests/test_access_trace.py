@@ -2,7 +2,6 @@
 with a message that says how to turn the simulator on (the recordings themselves: tests/cudasim)."""
 import numpy as np
 import pytest
-
 from minillm.kernels import simulating
 from minillm.kernels.access_trace import Access, AccessLog, record_accesses
 from minillm.kernels.matmul import matmul_tiled

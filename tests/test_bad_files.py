@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from minillm import load
-from minillm.formats.llama2c import expected_size, load_bin, save_bin
 from minillm.config import ModelConfig
 from minillm.formats.hf import load_hf, pairs_to_hf, read_config
+from minillm.formats.llama2c import expected_size, load_bin, save_bin
 from minillm.llama.transformer import Transformer
 
 MB = 1 << 20
@@ -88,14 +88,16 @@ def write_hf(path, model, config_edits=None, tensor_edits=None):
     cfg = model.config
     c = dict(model_type="llama", hidden_size=cfg.dim, intermediate_size=cfg.hidden_dim, num_hidden_layers=cfg.n_layers,
              num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, vocab_size=cfg.vocab_size,
-             max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.shared_classifier)
+             max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+             tie_word_embeddings=cfg.shared_classifier)
     c.update(config_edits or {})
     sd = model.state_dict()
     t = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "model.norm.weight": sd["norm.weight"]}
     if not cfg.shared_classifier:
         t["lm_head.weight"] = sd["output.weight"]
-    theirs = {"attention_norm": "input_layernorm", "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
-              "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+    theirs = {"attention_norm": "input_layernorm", "attention.wq": "self_attn.q_proj",
+              "attention.wk": "self_attn.k_proj", "attention.wv": "self_attn.v_proj",
+              "attention.wo": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
               "feed_forward.w1": "mlp.gate_proj", "feed_forward.w2": "mlp.down_proj", "feed_forward.w3": "mlp.up_proj"}
     for i in range(cfg.n_layers):
         for ours, hf in theirs.items():
@@ -164,7 +166,8 @@ def test_tensor_shapes_that_disagree_with_the_config(tmp_path):
                                          r"shape \(30, 32\), config.json implies \(32, 32\)"):
         load_hf(path)
     path = write_hf(tmp_path / "e", model, tensor_edits={"model.embed_tokens.weight": torch.zeros(41, 32)})
-    with pytest.raises(ValueError, match=r"'model.embed_tokens.weight' has shape \(41, 32\), config.json implies \(40, 32\)"):
+    with pytest.raises(ValueError,
+                       match=r"'model.embed_tokens.weight' has shape \(41, 32\), config.json implies \(40, 32\)"):
         load_hf(path)
     path = write_hf(tmp_path / "n", model, tensor_edits={"model.layers.0.input_layernorm.weight": torch.zeros(2, 16)})
     with pytest.raises(ValueError, match=r"'model.layers.0.input_layernorm.weight' has shape \(2, 16\)"):
@@ -203,7 +206,8 @@ def test_sharded_directory_loads_and_names_a_missing_shard(tmp_path):
     with pytest.raises(FileNotFoundError, match="model-00002-of-00002.safetensors"):
         load_hf(path)
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["a"]}))
-    with pytest.raises(ValueError, match=r"model.safetensors.index.json: weight_map must map tensor names to shard files"):
+    with pytest.raises(ValueError,
+                       match=r"model.safetensors.index.json: weight_map must map tensor names to shard files"):
         load_hf(path)
 
 

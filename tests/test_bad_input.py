@@ -34,7 +34,8 @@ def test_text_after_a_nul_is_text_not_a_silent_end(llm):
 
 
 @pytest.mark.parametrize("ids", [np.array([1, 5, 6], dtype=np.int64), torch.tensor([1, 5, 6]),
-                                 [np.int64(1), np.int32(5), 6], (1, 5, 6)], ids=["numpy", "torch", "numpy-ints", "tuple"])
+                                 [np.int64(1), np.int32(5), 6], (1, 5, 6)],
+                         ids=["numpy", "torch", "numpy-ints", "tuple"])
 def test_integer_ids_from_numpy_and_torch_are_taken(llm, ids):
     assert llm.generate([ids], GREEDY)[0].prompt_token_ids == [1, 5, 6]
 

@@ -1,5 +1,6 @@
 """The block manager alone (no model): ownership, copy-on-write, prefix caching, swap, and invariants."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm.core.block_manager import BlockManager
 from minillm.core.sampling import SamplingParams
@@ -132,6 +133,7 @@ def test_random_operations_keep_every_invariant(ops, caching, block_size):
 
 def test_kv_copy_and_swap_move_the_data():
     import torch
+
     from minillm.config import ModelConfig
     from minillm.llama.kv_cache import KVCache, SwapSpace
     kv = KVCache(ModelConfig.from_name("tiny"), num_blocks=4, block_size=2)

@@ -4,11 +4,11 @@ import os
 
 import pytest
 import torch
-
 from close import assert_close
-from minillm.formats.llama2c import expected_size, load_bin, save_bin
+
 from minillm.config import ModelConfig
 from minillm.formats.hf import hf_to_pairs, load_hf, pairs_to_hf, read_config
+from minillm.formats.llama2c import expected_size, load_bin, save_bin
 from minillm.llama.transformer import Transformer
 
 
@@ -123,7 +123,9 @@ def test_hf_missing_files(tmp_path):
 
 def test_hf_directory_through_llm_with_tokenizer_json(tmp_path):
     """LLM(dir) reads config.json + safetensors + tokenizer.json; greedy tokens equal transformers' generate."""
-    from tokenizers import Tokenizer as HFTok, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import models, pre_tokenizers
+
     from minillm import LLM, SamplingParams
     hf = _tiny_hf(tmp_path, tie=False, theta_style="top")
     words = "to be or not that is the question whether tis nobler in mind suffer".split()
@@ -153,8 +155,10 @@ def test_hf_refuses_what_it_cannot_run(tmp_path):
     with pytest.raises(ValueError, match="hidden_act='gelu'"):
         load_hf(tmp_path)
     json.dump({**c, "eos_token_id": [2, 7]}, open(tmp_path / "config.json", "w"))
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import models
+
     from minillm.formats.hf import HFTokenizer
-    from tokenizers import Tokenizer as HFTok, models
     HFTok(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
     assert HFTokenizer(str(tmp_path)).stop_ids == {2, 7}  # newer configs list several end tokens
 
@@ -180,14 +184,15 @@ def test_no_import_circle_between_checkpoint_runq_quant_and_loader():
     formats.llama2c, formats.runq, quantization.calibration, formats.loader; tests/test_layers.py checks every
     module for circles)."""
     import importlib
-    names = {"paths": "paths", "checkpoint": "formats.llama2c", "runq": "formats.runq", "quant": "quantization.calibration",
-             "loader": "formats.loader"}
+    names = {"paths": "paths", "checkpoint": "formats.llama2c", "runq": "formats.runq",
+             "quant": "quantization.calibration", "loader": "formats.loader"}
     mods = {n: importlib.import_module(f"minillm.{m}") for n, m in names.items()}
     assert not any(m.startswith("minillm") for m in _imports(mods["paths"]))   # the bottom of the graph
     assert not any("runq" in m for m in _imports(mods["checkpoint"])), _imports(mods["checkpoint"])
     assert not any("loader" in m for m in _imports(mods["quant"])), _imports(mods["quant"])
     assert "minillm.paths" in _imports(mods["quant"]) and "minillm.paths" in _imports(mods["loader"])
-    assert (mods["loader"].MODELS_DIR, mods["loader"].SAMPLE_TEXT) == (mods["paths"].MODELS_DIR, mods["paths"].SAMPLE_TEXT)
+    assert ((mods["loader"].MODELS_DIR, mods["loader"].SAMPLE_TEXT)
+            == (mods["paths"].MODELS_DIR, mods["paths"].SAMPLE_TEXT))
 
 
 def test_load_bin_names_a_runq_file_and_where_to_read_it(tmp_path):
@@ -200,13 +205,15 @@ def test_load_bin_names_a_runq_file_and_where_to_read_it(tmp_path):
         load_bin(tmp_path / "q.bin")
     assert type(load_checkpoint(tmp_path / "q.bin").layers[0].attention.wq).__name__ == "Q80Linear"
     save_bin(model, tmp_path / "m.bin")
-    assert torch.equal(load_checkpoint(tmp_path / "m.bin").layers[0].attention.wq.weight, model.layers[0].attention.wq.weight)
+    assert torch.equal(load_checkpoint(tmp_path / "m.bin").layers[0].attention.wq.weight,
+                       model.layers[0].attention.wq.weight)
 
 
 def test_readers_close_their_files(tmp_path):
     """No file handle is left for the garbage collector (a ResourceWarning each, and on Windows a locked file)."""
     import gc
     import warnings
+
     from minillm.formats.loader import load_checkpoint
     from minillm.formats.runq import is_runq, save_runq
     model = Transformer(ModelConfig.from_name("tiny", max_seq_len=16)).init_weights(0)

@@ -25,11 +25,12 @@ def test_run_is_byte_identical_to_runc(data_dir, golden, args, capfdbinary):
 
 
 def test_run_subprocess_and_bad_file(data_dir, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "minillm", "run", f"{data_dir}/golden.bin", "-z", f"{data_dir}/golden_tok.bin",
-                        "-t", "0", "-n", "0", "-i", "Hamlet"], capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "minillm", "run", f"{data_dir}/golden.bin",
+                        "-z", f"{data_dir}/golden_tok.bin", "-t", "0", "-n", "0", "-i", "Hamlet"], capture_output=True)
     assert r.returncode == 0 and r.stdout == open(f"{data_dir}/golden_greedy.txt", "rb").read()
     open(tmp_path / "cut.bin", "wb").write(open(f"{data_dir}/golden.bin", "rb").read()[:1000])
-    r = subprocess.run([sys.executable, "-m", "minillm", "run", str(tmp_path / "cut.bin"), "-z", f"{data_dir}/golden_tok.bin"],
+    r = subprocess.run([sys.executable, "-m", "minillm", "run", str(tmp_path / "cut.bin"),
+                        "-z", f"{data_dir}/golden_tok.bin"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "cut.bin: expected 179868 bytes" in r.stderr and "found 1000" in r.stderr
 
@@ -55,16 +56,19 @@ def test_generate_command(capsys):
 
 def test_bench_decode_quick_json(tmp_path, capsys):
     out = tmp_path / "b.json"
-    assert main(["bench", "decode", "--model", "random:tiny", "--steps", "16", "--repeats", "2", "--json", str(out)]) == 0
+    assert main(["bench", "decode", "--model", "random:tiny", "--steps", "16", "--repeats", "2",
+                 "--json", str(out)]) == 0
     res = json.load(open(out))
-    assert res["steps"] == 16 and res["tok_s_min"] > 0 and len(res["tok_s_all"]) == 2 and res["tok_s_min"] <= res["tok_s_median"] <= res["tok_s_max"]
+    assert res["steps"] == 16 and res["tok_s_min"] > 0 and len(res["tok_s_all"]) == 2
+    assert res["tok_s_min"] <= res["tok_s_median"] <= res["tok_s_max"]
 
 
 def test_generate_takes_every_engine_option_with_dashes(capsys):
+    import argparse
     from dataclasses import fields
+
     from minillm.__main__ import engine_flags
     from minillm.config import EngineConfig
-    import argparse
     ap = argparse.ArgumentParser()
     engine_flags(ap)
     names = {a.dest for a in ap._actions}
@@ -89,8 +93,8 @@ def test_bench_quant_quick_json(tmp_path):
     out = tmp_path / "q.json"
     assert main(["bench", "quant", "--quick", "--json", str(out)]) == 0
     runs = json.load(open(out))["runs"]
-    assert set(runs) == {"fp32", "int8", "int4 g32", "int4 g128", "awq g32", "awq g128", "q8_0", "w8a8", "smoothquant", "fp32, KV int8",
-                         "w8a8, outliers", "smoothquant, outliers"}
+    assert set(runs) == {"fp32", "int8", "int4 g32", "int4 g128", "awq g32", "awq g128", "q8_0", "w8a8", "smoothquant",
+                         "fp32, KV int8", "w8a8, outliers", "smoothquant, outliers"}
     assert runs["fp32"]["delta_ppl"] == 0 and runs["fp32"]["decode_speedup"] == 1
     assert runs["int8"]["weight_ratio"] < 0.5 and runs["int4 g32"]["weight_ratio"] < runs["int8"]["weight_ratio"]
     assert runs["fp32, KV int8"]["kv_ratio"] < 0.3 and all(r["decode_tok_s"] > 0 for r in runs.values())
@@ -133,7 +137,7 @@ def test_bench_batched_quick_with_a_stand_in_runc(tmp_path):
 
 # ---------------------------------------------------------------------------- user mistakes: one line, exit 2
 def one_error_line(err: str) -> str:
-    lines = [l for l in err.splitlines() if l.strip()]
+    lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
     return lines[0]
 
@@ -151,12 +155,14 @@ def test_every_subcommand_reports_user_mistakes_in_one_line(argv, says, capsys):
     assert says in one_error_line(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("error", [TypeError("bad type\nsecond line"), ValueError("bad value"), FileNotFoundError("nope")])
+@pytest.mark.parametrize("error", [TypeError("bad type\nsecond line"), ValueError("bad value"),
+                                   FileNotFoundError("nope")])
 @pytest.mark.parametrize("cmd", ["run", "bench", "train", "ship", "student"])
 def test_user_errors_from_any_subcommand_are_one_line(cmd, error, monkeypatch, capsys):
     import importlib
-    module = importlib.import_module({"run": "minillm.engine.runc", "bench": "minillm.bench.cli", "train": "minillm.training.train",
-                                      "ship": "minillm.training.ship", "student": "minillm.labs.student"}[cmd])
+    module = importlib.import_module({"run": "minillm.engine.runc", "bench": "minillm.bench.cli",
+                                      "train": "minillm.training.train", "ship": "minillm.training.ship",
+                                      "student": "minillm.labs.student"}[cmd])
 
     def fail(argv):
         raise error
@@ -193,7 +199,8 @@ def test_train_refuses_to_overwrite_a_run(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("value,ok", [("true", True), ("FALSE", True), ("1", True), ("0", True), ("Yes", True),
                                       ("no", True), ("maybe", False), ("", False), ("2", False), ("on", False)])
 def test_bool_flags_take_only_true_or_false(value, ok, capsys):
-    argv = ["generate", "--model", "random:tiny", "--prompt", "x", "--max-tokens", "1", "--enable-prefix-caching", value]
+    argv = ["generate", "--model", "random:tiny", "--prompt", "x", "--max-tokens", "1",
+            "--enable-prefix-caching", value]
     if ok:
         assert main(argv) == 0
     else:
@@ -206,7 +213,8 @@ def test_bool_flags_take_only_true_or_false(value, ok, capsys):
 def test_student_refuses_to_write_over_its_source(tmp_path, capsys):
     src = tmp_path / "nb"
     src.mkdir()
-    nb = {"cells": [{"cell_type": "code", "source": ["x = 1\n", "### BEGIN SOLUTION\n", "y = 2\n", "### END SOLUTION\n"],
+    nb = {"cells": [{"cell_type": "code",
+                     "source": ["x = 1\n", "### BEGIN SOLUTION\n", "y = 2\n", "### END SOLUTION\n"],
                      "outputs": [], "execution_count": None, "metadata": {}}], "metadata": {}, "nbformat": 4,
           "nbformat_minor": 5}
     (src / "a.ipynb").write_text(json.dumps(nb))

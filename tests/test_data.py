@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from minillm.training.data import build_corpus, clean_text, encode_works, fetch_sdist, pair_editions, read_works
 from minillm.formats.loader import sample_tokenizer
+from minillm.training.data import build_corpus, clean_text, encode_works, fetch_sdist, pair_editions, read_works
 
 
 @pytest.fixture
@@ -38,10 +38,14 @@ def test_splits_hold_out_whole_works(excerpt):
 
 
 def test_clean_text_strips_gutenberg_boilerplate():
-    raw = ("The Project Gutenberg EBook of Hamlet, by William Shakespeare\r\n\r\nThis eBook is for the use of anyone\r\n"
-           "*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\n\r\n\r\n\r\nHAMLET\t PRINCE   OF DENMARK  \r\n\r\n"
-           "<<THIS ELECTRONIC VERSION OF THE COMPLETE WORKS OF WILLIAM\nSHAKESPEARE IS COPYRIGHT 1990-1993 BY WORLD LIBRARY>>\n"
-           "Ber. Who's there?\n\n\n\n*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\nThis file should be named...\n")
+    raw = ("The Project Gutenberg EBook of Hamlet, by William Shakespeare\r\n\r\n"
+           "This eBook is for the use of anyone\r\n"
+           "*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\n\r\n\r\n\r\n"
+           "HAMLET\t PRINCE   OF DENMARK  \r\n\r\n"
+           "<<THIS ELECTRONIC VERSION OF THE COMPLETE WORKS OF WILLIAM\n"
+           "SHAKESPEARE IS COPYRIGHT 1990-1993 BY WORLD LIBRARY>>\n"
+           "Ber. Who's there?\n\n\n\n*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n"
+           "This file should be named...\n")
     assert clean_text(raw) == "HAMLET PRINCE OF DENMARK\n\nBer. Who's there?\n"
 
 

@@ -78,13 +78,15 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(tiny):
 
 
 def test_n_samples_differ_and_share_the_prompt(tiny):
-    out = make(tiny).generate(PROMPTS[0], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True))[0]
+    out = make(tiny).generate(PROMPTS[0],
+                              SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True))[0]
     assert len(out.outputs) == 3 and [c.index for c in out.outputs] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in out.outputs}) == 3
 
 
 def test_top_k_one_is_greedy(tiny):
-    a = make(tiny).generate(PROMPTS[2], SamplingParams(temperature=0.7, top_k=1, seed=1, max_tokens=16, ignore_eos=True))
+    a = make(tiny).generate(PROMPTS[2],
+                            SamplingParams(temperature=0.7, top_k=1, seed=1, max_tokens=16, ignore_eos=True))
     b = make(tiny).generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
     assert a[0].token_ids == b[0].token_ids
 
@@ -132,7 +134,8 @@ def test_max_tokens_and_ignore_eos_give_exact_lengths(tiny):
 
 
 def test_max_model_len_caps_generation(tiny):
-    out = make(tiny, max_model_len=16).generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
+    out = make(tiny, max_model_len=16).generate(PROMPTS[0],
+                                                SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
     assert len(out.prompt_token_ids) + len(out.token_ids) == 16 and out.outputs[0].finish_reason == "length"
 
 
@@ -140,7 +143,8 @@ def test_trace_records_prefill_then_decodes(tiny):
     llm = make(tiny)
     llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     steps = llm.engine.trace.steps
-    assert steps[0].kind == "prefill" and steps[0].num_prefill_tokens == sum(len(tiny[1].encode(p)) for p in PROMPTS[:2])
+    assert (steps[0].kind == "prefill"
+            and steps[0].num_prefill_tokens == sum(len(tiny[1].encode(p)) for p in PROMPTS[:2]))
     assert [s.kind for s in steps[1:]] == ["decode"] * 4 and all(s.num_decode_tokens == 2 for s in steps[1:])
     assert all(s.kv_bytes_filled <= s.kv_bytes_used for s in steps)
 
@@ -242,20 +246,21 @@ def test_stop_and_special_tokens_never_reach_the_text(tiny):
     model, tok = tiny
     llm = make(tiny)
     ids = llm.generate(PROMPTS[0], GREEDY)[0].token_ids
-    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[ids[3]], ignore_eos=True))[0]
+    out = llm.generate(PROMPTS[0],
+                       SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[ids[3]], ignore_eos=True))[0]
     assert out.text == tok.decode(out.token_ids[:-1], prev_token=out.prompt_token_ids[-1])
     assert "<s>" not in tok.decode([5, 1, 6, 2, 7], prev_token=4)  # BOS/EOS mid-text are not text
 
 
 def test_default_pool_is_capped_and_a_too_small_one_names_the_bytes(tiny):
-    from minillm.llama.kv_cache import DEFAULT_KV_CAP
-    from minillm.config import ModelConfig
-    from minillm.llama.transformer import Transformer
-    from minillm.config import EngineConfig
+    from minillm.config import EngineConfig, ModelConfig
     from minillm.engine.engine import LLMEngine
     from minillm.formats.loader import sample_tokenizer
+    from minillm.llama.kv_cache import DEFAULT_KV_CAP
+    from minillm.llama.transformer import Transformer
     big = Transformer(ModelConfig.from_name("stories110M", vocab_size=300, n_layers=1))
-    e = LLMEngine.from_model(big, sample_tokenizer(300), EngineConfig(max_num_seqs=512))  # 512 x 1024 tokens would be 1.5 GB
+    # 512 x 1024 tokens would be 1.5 GB
+    e = LLMEngine.from_model(big, sample_tokenizer(300), EngineConfig(max_num_seqs=512))
     assert e.kv.nbytes <= DEFAULT_KV_CAP
     with pytest.raises(ValueError, match=r"the KV cache gets 1,000 bytes but one sequence of max_model_len=256 needs"):
         make(tiny, kv_cache_bytes=1000)
@@ -312,7 +317,9 @@ def test_prefix_cache_hits_do_not_change_outputs(tiny, block_size):
 def test_n_samples_share_prompt_blocks_copy_on_write_and_equal_separate_requests(tiny):
     """n = 3 with seed s gives the samples that three n = 1 requests with seeds s, s+1, s+2 give (float64),
     while the prompt's full blocks are held once, not three times."""
-    sp = lambda n, seed: SamplingParams(n=n, temperature=1.0, seed=seed, max_tokens=10, ignore_eos=True)
+
+    def sp(n, seed):
+        return SamplingParams(n=n, temperature=1.0, seed=seed, max_tokens=10, ignore_eos=True)
     prompt = PROMPTS[3]
     llm = make(tiny, block_size=4)
     engine = llm.engine
@@ -361,8 +368,9 @@ def test_dynamic_batching_waits_for_the_window_or_a_full_batch(tiny):
     from minillm.config import EngineConfig
     from minillm.engine.engine import LLMEngine
     now = [0.0]
-    engine = LLMEngine.from_model(model, tok, EngineConfig(batching="dynamic", batch_window_s=1.0, max_num_seqs=3, dtype="float64"),
-                       clock=lambda: now[0])
+    engine = LLMEngine.from_model(model, tok,
+                                  EngineConfig(batching="dynamic", batch_window_s=1.0, max_num_seqs=3, dtype="float64"),
+                                  clock=lambda: now[0])
     engine.add_request(PROMPTS[0], GREEDY)
     assert engine.step() == [] and not engine.trace.steps     # window open, batch not full: wait
     now[0] = 0.5
@@ -401,7 +409,9 @@ def test_n_samples_bigger_than_the_pool_together_are_served_by_preemption(tiny, 
     per_block = 16 * model.config.kv_bytes_per_token(8)
     llm = make(tiny, block_size=16, max_model_len=64, kv_cache_bytes=5 * per_block)
     prompt = tok.encode(PROMPTS[3])[:10]
-    sp = lambda n, seed: SamplingParams(n=n, temperature=1.0, seed=seed, max_tokens=max_tokens, ignore_eos=True)
+
+    def sp(n, seed):
+        return SamplingParams(n=n, temperature=1.0, seed=seed, max_tokens=max_tokens, ignore_eos=True)
     engine = llm.engine
     rid = engine.add_request(prompt, sp(2, 11))
     while engine.has_unfinished_requests():

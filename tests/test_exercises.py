@@ -26,7 +26,8 @@ def exercises():
             calls = [CALL.search("".join(c["source"])) for c in cells[i + 1:i + 3]]
             call = next((m for m in calls if m), None)
             assert call, f"{os.path.basename(path)}: solution cell {i} is not followed by a check_...(fn) cell"
-            found.append(pytest.param(src, call.group(1), call.group(2), id=f"{os.path.basename(path)}:{call.group(1)}"))
+            found.append(pytest.param(src, call.group(1), call.group(2),
+                                      id=f"{os.path.basename(path)}:{call.group(1)}"))
     return found
 
 
@@ -61,9 +62,10 @@ def test_every_checker_is_used_by_a_notebook():
 def test_checkers_fail_on_wrong_answers():
     """A stub is not the only failure: plausible mistakes fail too."""
     import torch
-    assert not CHECKERS["check_temperature_softmax"](lambda l, t: torch.softmax(l * t, -1))  # multiplied, not divided
+    assert not CHECKERS["check_temperature_softmax"](lambda x, t: torch.softmax(x * t, -1))  # multiplied, not divided
     assert not CHECKERS["check_rmsnorm"](lambda x, w, eps: x / x.pow(2).mean(-1, keepdim=True).sqrt() * w + eps)
-    assert not CHECKERS["check_kv_cache_bytes"](lambda cfg, n, b: 2 * cfg.n_layers * cfg.dim * n * b)  # MHA formula under GQA
+    # MHA formula under GQA
+    assert not CHECKERS["check_kv_cache_bytes"](lambda cfg, n, b: 2 * cfg.n_layers * cfg.dim * n * b)
     assert not CHECKERS["check_slot_mapping"](lambda table, pos, bs: [table[0] * bs + p for p in pos])
     assert not CHECKERS["check_top_p"](lambda probs, p: probs)
     assert not CHECKERS["check_rope"](lambda x, pos, theta: x)

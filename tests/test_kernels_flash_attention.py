@@ -5,9 +5,13 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
-from minillm.kernels.flash_attention import (attention_peak_bytes, flash_attention_cpu, flash_attention_rows,
-                                             naive_attention, row_tiled_attention)
+from minillm.kernels.flash_attention import (
+    attention_peak_bytes,
+    flash_attention_cpu,
+    flash_attention_rows,
+    naive_attention,
+    row_tiled_attention,
+)
 
 
 def torch_causal(q, k, v):

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels import gpu_available
 
 pytestmark = [pytest.mark.gpu,
@@ -46,11 +45,13 @@ def test_rmsnorm_rope_softmax_swiglu():
 
 
 def test_attention_kernels_equal_torch():
-    from minillm.llama.attention import AttentionMetadata, paged_attention
     from minillm.kernels.flash_attention import flash_attention_cuda
     from minillm.kernels.paged_attention import flash_decoding_cuda, paged_attention_cuda
+
+    from minillm.llama.attention import AttentionMetadata, paged_attention
     T, H, Hkv, D = 200, 8, 2, 64
-    q, k, v = torch.randn(T, H, D, device="cuda"), torch.randn(T, Hkv, D, device="cuda"), torch.randn(T, Hkv, D, device="cuda")
+    q, k, v = (torch.randn(T, H, D, device="cuda"), torch.randn(T, Hkv, D, device="cuda"),
+               torch.randn(T, Hkv, D, device="cuda"))
     mask = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
     want = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                             v.transpose(0, 1)[None], attn_mask=mask, enable_gqa=True)
@@ -81,4 +82,5 @@ def test_quantized_gemv():
     got4 = int4_gemv_cuda(x, torch.tensor(p4, device="cuda"), torch.tensor(s4, device="cuda"), 32)
     lo, hi = (p4 & 15).astype(np.int64) - 8, (p4 >> 4).astype(np.int64) - 8
     q = np.stack([lo, hi], -1).reshape(300, 256) * np.repeat(s4, 32, axis=1)
-    assert_close(torch.as_tensor(got4).cpu().reshape(-1), torch.tensor(q, dtype=torch.float32) @ x.cpu(), **TOL, name="int4")
+    assert_close(torch.as_tensor(got4).cpu().reshape(-1), torch.tensor(q, dtype=torch.float32) @ x.cpu(), **TOL,
+                 name="int4")

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels.matmul import gemv_cpu, matmul_cpu
 
 

@@ -4,11 +4,15 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
+from minillm.kernels.flash_attention import flash_attention_cpu
+from minillm.kernels.paged_attention import (
+    flash_decoding_cpu,
+    flash_decoding_rows,
+    paged_attention_cpu,
+    paged_attention_rows,
+)
 
 from minillm.llama.attention import AttentionMetadata, paged_attention
-from minillm.kernels.flash_attention import flash_attention_cpu
-from minillm.kernels.paged_attention import (flash_decoding_cpu, flash_decoding_rows, paged_attention_cpu,
-                                             paged_attention_rows)
 
 
 def make_pool(ctx, H, Hkv, D, BS, seed, spare=3):

@@ -7,9 +7,8 @@ import os
 import shutil
 import subprocess
 
-import pytest
-
 import minillm.kernels as K
+import pytest
 
 TOOLS = {"access_trace"}   # modules of kernels/ that look at kernels (in the simulator) and define none
 FAMILIES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(os.path.dirname(K.__file__), "*.py"))

@@ -3,9 +3,14 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
-from minillm.kernels.quant_gemv import (int4_gemv_cpu, int4_gemv_rows, int8_gemv_cpu, int8_gemv_rows,
-                                        quantize_int4, quantize_int8)
+from minillm.kernels.quant_gemv import (
+    int4_gemv_cpu,
+    int4_gemv_rows,
+    int8_gemv_cpu,
+    int8_gemv_rows,
+    quantize_int4,
+    quantize_int8,
+)
 
 
 def torch_dequant_int4(packed, scales, group):

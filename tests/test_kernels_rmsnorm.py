@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels.rmsnorm import add_rmsnorm_cpu, add_rmsnorm_rows, bytes_moved, rmsnorm_cpu, rmsnorm_rows
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels.rope import rope_cpu, rope_rows
+
 from minillm.llama.transformer import apply_rope, rope_tables
 
 
@@ -35,7 +35,9 @@ def test_rope_rows_rotates_in_place_and_keeps_norms():
     y = x.copy()
     rope_rows(y, np.array([0, 1, 17, 63]), cos, sin)
     assert np.array_equal(y[0], x[0])                               # position 0: the identity
-    pairs = lambda a: np.hypot(a[..., 0::2].astype(np.float64), a[..., 1::2])   # (M, H, D/2) pair lengths
+
+    def pairs(a):
+        return np.hypot(a[..., 0::2].astype(np.float64), a[..., 1::2])   # (M, H, D/2) pair lengths
     assert np.allclose(pairs(y), pairs(x), rtol=1e-6)               # a rotation keeps every pair's length
 
 

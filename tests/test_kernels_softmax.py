@@ -6,9 +6,13 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
-from minillm.kernels.softmax import (online_softmax_cpu, online_softmax_rows, online_softmax_steps, softmax_cpu,
-                                    softmax_rows)
+from minillm.kernels.softmax import (
+    online_softmax_cpu,
+    online_softmax_rows,
+    online_softmax_steps,
+    softmax_cpu,
+    softmax_rows,
+)
 
 TWINS = [softmax_cpu, online_softmax_cpu]
 

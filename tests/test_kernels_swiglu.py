@@ -5,7 +5,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from close import assert_close
-
 from minillm.kernels.swiglu import bytes_moved, swiglu_cpu, swiglu_rows
 
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams, load
-from minillm.llama.attention import AttentionMetadata
 from minillm.config import ModelConfig
-from minillm.llama.kv_cache import KVCache
 from minillm.formats.loader import MODELS_DIR
+from minillm.llama.attention import AttentionMetadata
+from minillm.llama.kv_cache import KVCache
 
 
 def test_int8_pool_bytes_and_error_bound():
@@ -80,8 +80,8 @@ def test_preemption_on_an_int8_pool_gives_the_same_tokens(shipped, mode):
     per_block = 8 * KVCache.bytes_per_token(model.config, torch.int8)
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = ["ROMEO. " * 3, "To be, or not to be", "HAMLET. " * 2, "Enter KING"]
-    small = LLM(model, tokenizer=tok, block_size=8, max_model_len=64, kv_cache_bytes=12 * per_block, kv_cache_dtype="int8",
-                preemption_mode=mode, swap_bytes=12 * per_block if mode == "swap" else 0)
+    small = LLM(model, tokenizer=tok, block_size=8, max_model_len=64, kv_cache_bytes=12 * per_block,
+                kv_cache_dtype="int8", preemption_mode=mode, swap_bytes=12 * per_block if mode == "swap" else 0)
     outs = small.generate(prompts, greedy)
     assert sum(o.metrics.num_preemptions for o in outs) > 0
     roomy = LLM(model, tokenizer=tok, block_size=8, max_model_len=64, kv_cache_dtype="int8")
@@ -89,5 +89,6 @@ def test_preemption_on_an_int8_pool_gives_the_same_tokens(shipped, mode):
 
 
 def test_int8_kv_on_another_backend_is_refused():
-    with pytest.raises(ValueError, match="backend='numba' does not run kv_cache_dtype='int8' yet; backends that do: torch"):
+    with pytest.raises(ValueError,
+                       match="backend='numba' does not run kv_cache_dtype='int8' yet; backends that do: torch"):
         LLM("random:tiny", kv_cache_dtype="int8", backend="numba")

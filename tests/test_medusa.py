@@ -9,8 +9,8 @@ import torch
 
 from minillm import load
 from minillm.formats.loader import MODELS_DIR
-from minillm.spec_decode.medusa_tree import DEFAULT_CHOICES, MedusaTree, build_tree, greedy_accept
 from minillm.spec_decode.medusa_heads import MedusaHeads, load_medusa, save_medusa
+from minillm.spec_decode.medusa_tree import DEFAULT_CHOICES, MedusaTree, build_tree, greedy_accept
 from minillm.training.medusa import _heads_loss, head_accuracy, train_medusa
 
 SHIPPED = os.path.join(MODELS_DIR, "shakespeare-medusa.bin")
@@ -138,6 +138,7 @@ def test_load_refuses_a_header_that_disagrees_with_the_target(tiny, tmp_path):
     """The fingerprint says 'made for this target', but the heads' own dim / vocab_size fields say otherwise:
     refused at load, not inside every engine step."""
     import struct
+
     from minillm.spec_decode.medusa_heads import FINGERPRINT, HEADER
     path = tmp_path / "h.bin"
     save_medusa(MedusaHeads(64, 512, 2), path, tiny)
@@ -164,7 +165,8 @@ def ancestors_or_self(tree: MedusaTree, i: int) -> set:
     return out
 
 
-@pytest.mark.parametrize("choices", [DEFAULT_CHOICES, [(0,), (0, 0), (0, 0, 0)], [(3,), (1,), (1, 5), (3, 0), (1, 5, 2)]])
+@pytest.mark.parametrize("choices", [DEFAULT_CHOICES, [(0,), (0, 0), (0, 0, 0)],
+                                     [(3,), (1,), (1, 5), (3, 0), (1, 5, 2)]])
 def test_build_tree_structure(choices):
     torch.manual_seed(0)
     head_logits = torch.randn(3, 50)                                   # (K, V)

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 import torch
-
 from close import assert_close
-from minillm.llama.attention import AttentionMetadata
+
 from minillm.config import ModelConfig
+from minillm.llama.attention import AttentionMetadata
 from minillm.llama.kv_cache import KVCache
 from minillm.llama.transformer import Transformer
 
@@ -23,8 +23,8 @@ def runc_forward(w: dict, cfg: ModelConfig, tokens: list[int]) -> np.ndarray:
     out = []
     for pos, tok in enumerate(tokens):
         x = w["tok_embeddings.weight"][tok].copy()
-        for l in range(L):
-            p = f"layers.{l}."
+        for li in range(L):
+            p = f"layers.{li}."
             xb = rmsnorm(x, w[p + "attention_norm.weight"])
             q = w[p + "attention.wq.weight"] @ xb
             k = w[p + "attention.wk.weight"] @ xb
@@ -37,15 +37,16 @@ def runc_forward(w: dict, cfg: ModelConfig, tokens: list[int]) -> np.ndarray:
                 for vec in ([q, k] if i < Hkv * D else [q]):
                     v0, v1 = vec[i], vec[i + 1]
                     vec[i], vec[i + 1] = v0 * c - v1 * s, v0 * s + v1 * c
-            key_cache[l, pos], value_cache[l, pos] = k, v
+            key_cache[li, pos], value_cache[li, pos] = k, v
             att_out = np.zeros(C)
             for h in range(H):
                 kvh = h // (H // Hkv)
                 qh = q[h * D:(h + 1) * D]
-                scores = np.array([qh @ key_cache[l, t, kvh * D:(kvh + 1) * D] for t in range(pos + 1)]) / np.sqrt(D)
+                scores = np.array([qh @ key_cache[li, t, kvh * D:(kvh + 1) * D] for t in range(pos + 1)]) / np.sqrt(D)
                 e = np.exp(scores - scores.max())
                 a = e / e.sum()
-                att_out[h * D:(h + 1) * D] = sum(a[t] * value_cache[l, t, kvh * D:(kvh + 1) * D] for t in range(pos + 1))
+                att_out[h * D:(h + 1) * D] = sum(a[t] * value_cache[li, t, kvh * D:(kvh + 1) * D]
+                                                 for t in range(pos + 1))
             x = x + w[p + "attention.wo.weight"] @ att_out
             xb = rmsnorm(x, w[p + "ffn_norm.weight"])
             h1, h3 = w[p + "feed_forward.w1.weight"] @ xb, w[p + "feed_forward.w3.weight"] @ xb
@@ -79,7 +80,8 @@ def test_cached_decode_equals_full_forward(block_size):
     full = model(tokens)[0]                                                  # (T, V)
     n_blocks = -(-T // block_size)
     kv = KVCache(cfg, num_blocks=n_blocks + 3, block_size=block_size, dtype=torch.float64)
-    table = torch.randperm(n_blocks + 3, generator=torch.Generator().manual_seed(2))[:n_blocks][None]  # (1, M), scattered blocks
+    # scattered blocks
+    table = torch.randperm(n_blocks + 3, generator=torch.Generator().manual_seed(2))[:n_blocks][None]  # (1, M)
     got = []
     with torch.no_grad():
         for lo, hi in [(0, 5)] + [(t, t + 1) for t in range(5, T)]:

@@ -6,10 +6,10 @@ import torch
 from close import assert_close
 
 from minillm import LLM, SamplingParams
+from minillm.backends.numba_model import NumbaTransformer
+from minillm.formats.loader import random_model
 from minillm.llama.attention import AttentionMetadata
 from minillm.llama.kv_cache import KVCache
-from minillm.formats.loader import random_model
-from minillm.backends.numba_model import NumbaTransformer
 
 
 @pytest.fixture(scope="module")

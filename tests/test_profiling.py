@@ -5,8 +5,8 @@ import torch
 from minillm import profiling as P
 from minillm import roofline as R
 from minillm.config import ModelConfig
-from minillm.llama.kv_cache import KVCache
 from minillm.formats.loader import random_model
+from minillm.llama.kv_cache import KVCache
 
 
 @pytest.fixture(scope="module")

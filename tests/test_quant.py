@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
+from minillm.kernels.quant_gemv import quantize_int4, quantize_int8
 
 from minillm import LLM, SamplingParams, load
-from minillm.kernels.quant_gemv import quantize_int4, quantize_int8
 from minillm.llama.linears import Int4Linear, Int8Linear
 from minillm.quantization.quantize import quantize_model
 
@@ -40,7 +40,8 @@ def test_int4_packing_round_trips_exactly():
     assert np.all(s == 1.0) and err == 0.0 and np.array_equal(got, uw[:, 0::2] | (uw[:, 1::2] << 4))
 
 
-@pytest.mark.parametrize("make", [lambda l: Int8Linear.from_linear(l)[0], lambda l: Int4Linear.from_linear(l, 32)[0]],
+@pytest.mark.parametrize("make", [lambda lin: Int8Linear.from_linear(lin)[0],
+                                  lambda lin: Int4Linear.from_linear(lin, 32)[0]],
                          ids=["int8", "int4"])
 def test_one_row_gemv_path_equals_the_batched_torch_path(make):
     lin = torch.nn.Linear(96, 40, bias=False)
@@ -61,6 +62,7 @@ def shipped():
 def val_loss(model, tok):
     """Mean cross-entropy over the packaged held-out slice, in 256-token windows (as the model card)."""
     import os
+
     from minillm.formats.loader import MODELS_DIR
     ids = torch.tensor(tok.encode(open(os.path.join(MODELS_DIR, "val_slice.txt")).read()))
     n = (len(ids) - 1) // 256
@@ -72,7 +74,8 @@ def val_loss(model, tok):
 # The issue's goals, on the shipped model: int8 (per channel) within 0.5% perplexity of float32, int4
 # (groups of 32) within 3%. Measured: int8 -0.01%, int4 g32 +1.72% (g64 +2.13%, g128 +2.21%), and q8_0
 # (runq.c's scheme, groups of 64, activations quantized too) -0.02%.
-@pytest.mark.parametrize("scheme,cfg,max_dppl,min_shrink", [("int8", None, 0.005, 3.9), ("int4", {"group_size": 32}, 0.03, 6.0),
+@pytest.mark.parametrize("scheme,cfg,max_dppl,min_shrink", [("int8", None, 0.005, 3.9),
+                                                              ("int4", {"group_size": 32}, 0.03, 6.0),
                                                               ("q8_0", None, 0.005, 3.7)])
 def test_quantized_shipped_model_perplexity(shipped, scheme, cfg, max_dppl, min_shrink):
     model, tok = shipped
@@ -145,7 +148,8 @@ def test_awq_never_loses_to_plain_int4_on_its_own_calibration_objective():
     x = torch.randn(256, 128, generator=g) * torch.linspace(0.1, 5.0, 128)          # some channels matter more
     packed, sc, _ = quantize_int4(w.numpy(), 32)
     plain = Int4Linear(torch.from_numpy(packed), torch.from_numpy(sc), 32).dequantize()
-    assert torch.equal(fake_int4(w, 32), plain)                                     # the search's quantizer is the real one
+    # the search's quantizer is the real one
+    assert torch.equal(fake_int4(w, 32), plain)
     out_err = lambda wq: ((x @ wq.T - x @ w.T) ** 2).mean().item()                  # noqa: E731
     s, a, err = awq_scales(w, x, 32)
     assert err <= out_err(plain) + 1e-12 and 0.0 < a <= 1.0

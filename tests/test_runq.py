@@ -9,9 +9,9 @@ import torch
 from minillm import load
 from minillm.formats.llama2c import load_bin
 from minillm.formats.loader import load_checkpoint
+from minillm.formats.runq import load_runq, save_runq
 from minillm.llama.linears import Q80Linear, q80_group_size, q80_quantize
 from minillm.quantization.quantize import quantize_model
-from minillm.formats.runq import load_runq, save_runq
 
 
 def runq_matmul(x, wq, ws, gs):
@@ -95,6 +95,7 @@ def test_bad_runq_files_name_what_is_wrong(shipped, tmp_path):
 def test_run_cli_reads_a_runq_file(data_dir, tmp_path, capfdbinary):
     from minillm.__main__ import main
     save_runq(load_bin(f"{data_dir}/golden.bin"), tmp_path / "g.bin")
-    rc = main(["run", str(tmp_path / "g.bin"), "-z", f"{data_dir}/golden_tok.bin", "-t", "0", "-n", "20", "-i", "Hamlet"])
+    rc = main(["run", str(tmp_path / "g.bin"), "-z", f"{data_dir}/golden_tok.bin", "-t", "0", "-n", "20",
+               "-i", "Hamlet"])
     out, err = capfdbinary.readouterr()
     assert rc == 0 and out.startswith(b"Hamlet") and err.startswith(b"achieved tok/s")

@@ -1,6 +1,7 @@
 """Sampling transforms and the sampler's statistics."""
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm.core.sampling import SamplingParams, probs_from_logits, sample
 

@@ -8,17 +8,19 @@ the pool together, aborts, n-gram speculation with rollback), and nothing may le
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from hashmodel import HashModel, reference
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from minillm.config import EngineConfig
+from minillm.core.sampling import SamplingParams
 from minillm.engine.engine import LLMEngine
 from minillm.formats.loader import sample_tokenizer
-from minillm.core.sampling import SamplingParams
 
 V = 300
 
-request = st.tuples(st.lists(st.integers(3, 12), min_size=1, max_size=30),  # prompt (few distinct tokens: shared prefixes)
+# prompts of few distinct tokens, so that they share prefixes
+request = st.tuples(st.lists(st.integers(3, 12), min_size=1, max_size=30),  # prompt
                     st.integers(1, 25),                                      # max_tokens
                     st.integers(0, 6),                                       # arrival step
                     st.sampled_from([1, 1, 2, 3]),                           # n
@@ -48,7 +50,8 @@ def run_schedule(reqs, block_size, mode, caching, pool_blocks16, preempt, gamma,
     cfg = EngineConfig(block_size=block_size, dtype="float64", max_model_len=64, max_num_seqs=4,
                        kv_cache_bytes=kv_tokens * per_token,
                        batching="static" if mode == "static" else "continuous",
-                       enable_chunked_prefill=mode == "chunked", max_num_batched_tokens=9 if mode == "chunked" else None,
+                       enable_chunked_prefill=mode == "chunked",
+                       max_num_batched_tokens=9 if mode == "chunked" else None,
                        enable_prefix_caching=caching, preemption_mode=preempt,
                        swap_bytes=(2 if preempt == "swap" else 0) * 64 * per_token, speculative=spec)
     engine = LLMEngine.from_model(model, tok, cfg, **seams)
@@ -60,7 +63,8 @@ def run_schedule(reqs, block_size, mode, caching, pool_blocks16, preempt, gamma,
         while pending and pending[0][1][2] <= step:
             i, (prompt, max_tokens, _, n, abort) = pending.pop(0)
             prompt = [1] + prompt[:60]
-            ids[i] = engine.add_request(prompt, SamplingParams(n=n, temperature=0, max_tokens=max_tokens, ignore_eos=True))
+            ids[i] = engine.add_request(prompt,
+                                        SamplingParams(n=n, temperature=0, max_tokens=max_tokens, ignore_eos=True))
         try:
             engine.step()
         except KeyboardInterrupt:

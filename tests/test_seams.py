@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from test_scheduler_fuzz import run_schedule
 
 from minillm import LLM, SamplingParams
 from minillm.core.batch import Draft, ScheduledBatch
-from minillm.formats.loader import random_model
 from minillm.core.policies import SchedulingPolicy
 from minillm.core.proposer import Proposer
-from test_scheduler_fuzz import run_schedule
+from minillm.formats.loader import random_model
 
 PROMPTS = ["To be, or not to be", "Hamlet", "Who's there?", "O, what a rogue and peasant slave am I!"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -154,7 +154,8 @@ def test_logits_processors_ban_and_force_tokens(tiny, reference):
     ban = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
                          logits_processors=[lambda ids, x: x.index_fill(0, torch.tensor([banned]), float("-inf"))])
     force = SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True,
-                           logits_processors=[lambda ids, x: torch.where(torch.arange(x.numel()) == 77 + len(ids), 0.0, float("-inf"))])
+                           logits_processors=[lambda ids, x: torch.where(torch.arange(x.numel()) == 77 + len(ids),
+                                                                         0.0, float("-inf"))])
     outs = llm.generate(PROMPTS[:2], [ban, force])
     assert banned not in outs[0].token_ids and outs[0].token_ids != reference[0]
     assert outs[1].token_ids == [77 + i for i in range(6)]       # each processor sees the ids generated so far
@@ -176,7 +177,8 @@ def test_a_verification_rule_from_a_test_file_is_the_one_used(tiny):
     mine = LLM(model, tokenizer=tok, dtype="float64", verify=reject_all, proposer=RepeatLast(3))
     assert mine.generate(PROMPTS[0], sp)[0].token_ids == plain
     assert mine.engine.spec_stats["drafted"] > 0 and mine.engine.spec_stats["accepted"] == 0
-    assert LLM(model, tokenizer=tok, dtype="float64", proposer=RepeatLast(3)).generate(PROMPTS[0], sp)[0].token_ids != plain
+    assert (LLM(model, tokenizer=tok, dtype="float64", proposer=RepeatLast(3)).generate(PROMPTS[0], sp)[0].token_ids
+            != plain)
 
 
 # ---------------------------------------------------------------- linear weight type

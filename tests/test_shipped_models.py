@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams, load
-from minillm.spec_decode.acceptance import measure_acceptance
 from minillm.formats.llama2c import read_header
 from minillm.formats.loader import MODELS_DIR
+from minillm.spec_decode.acceptance import measure_acceptance
 from minillm.training.train import evaluate
 
 CARD = json.load(open(os.path.join(MODELS_DIR, "card.json")))

@@ -15,8 +15,8 @@ from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig, ModelConfig
 from minillm.engine.engine import LLMEngine
 from minillm.llama.transformer import Transformer
-from minillm.spec_decode.ngram import ngram_lookup
 from minillm.spec_decode.config import SpeculativeConfig, predicted_speedup, residual, verify_greedy, verify_sampled
+from minillm.spec_decode.ngram import ngram_lookup
 
 P_FAIL = 1e-4
 
@@ -123,7 +123,8 @@ def test_first_three_sampled_tokens_match_exact_enumeration():
     N = 3000
     eng = LLMEngine.from_model(target, IdTokenizer(), EngineConfig(dtype="float64", max_num_seqs=256,
                                                          speculative={"method": "draft", "gamma": 2, "model": draft}))
-    ids = [eng.add_request(prompt, SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=i)) for i in range(N)]
+    ids = [eng.add_request(prompt, SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, seed=i))
+           for i in range(N)]
     outs = {}
     while eng.has_unfinished_requests():
         eng.step()
@@ -160,7 +161,8 @@ def greedy_reference(shipped64):
 def test_greedy_speculative_output_equals_greedy_target_output(shipped64, greedy_reference, method, gamma):
     """DESIGN.md rule 7: float64, so scoring k + 1 positions in one forward cannot flip an argmax."""
     target, draft, tok = shipped64
-    spec = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative={"method": method, "gamma": gamma, "model": draft}))
+    spec = LLMEngine.from_model(target, tok, EngineConfig(
+        dtype="float64", speculative={"method": method, "gamma": gamma, "model": draft}))
     assert run_all(spec, PROMPTS[:2], GREEDY) == greedy_reference
     assert spec.spec_stats["accepted"] > 0                  # speculation really happened
     check_no_leaks(spec)
@@ -193,7 +195,8 @@ def test_rollback_frees_rejected_blocks_under_memory_pressure(shipped64):
     both pools' reference counts match the block tables; at the end nothing is held."""
     target, draft, tok = shipped64
     cfg = EngineConfig(dtype="float64", block_size=4, kv_cache_bytes=36 * 4 * target.config.kv_bytes_per_token(8),
-                       max_model_len=128, enable_prefix_caching=True, speculative={"method": "draft", "gamma": 4, "model": draft})
+                       max_model_len=128, enable_prefix_caching=True,
+                       speculative={"method": "draft", "gamma": 4, "model": draft})
     eng = LLMEngine.from_model(target, tok, cfg)
     for i, p in enumerate(PROMPTS * 2):
         eng.add_request(p, SamplingParams(temperature=0.8, max_tokens=32, seed=i, ignore_eos=True))
@@ -217,8 +220,10 @@ def test_batch_composition_does_not_change_a_seeded_request(shipped64, method):
     target, draft, tok = shipped64
     spec = {"method": method, "gamma": 3, "model": draft}
     sp = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=20, seed=7, ignore_eos=True)
-    alone = run_all(LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative=spec)), [PROMPTS[2]], sp)[0]
-    others = [SamplingParams(temperature=t, max_tokens=m, seed=s) for t, m, s in [(0.0, 12, 1), (1.2, 24, 2), (0.7, 8, 3)]]
+    alone = run_all(LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative=spec)),
+                    [PROMPTS[2]], sp)[0]
+    others = [SamplingParams(temperature=t, max_tokens=m, seed=s)
+              for t, m, s in [(0.0, 12, 1), (1.2, 24, 2), (0.7, 8, 3)]]
     eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative=spec))
     ids = [eng.add_request(p, q) for p, q in zip(PROMPTS + [PROMPTS[0]], others[:2] + [sp] + others[2:])]
     done = {}
@@ -235,7 +240,8 @@ def test_stops_and_max_tokens_cut_a_speculative_step(shipped64):
     sp = SamplingParams(temperature=0, max_tokens=30, stop=["\n\n"])
     want = run_all(llm_plain, PROMPTS, sp)
     assert any(len(w) < 30 for w in want)              # one stops on the string, inside a speculative step
-    eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative={"method": "draft", "gamma": 6, "model": draft}))
+    eng = LLMEngine.from_model(target, tok, EngineConfig(
+        dtype="float64", speculative={"method": "draft", "gamma": 6, "model": draft}))
     assert run_all(eng, PROMPTS, sp) == want
     assert all(len(w) <= 30 for w in want)
     check_no_leaks(eng)
@@ -243,7 +249,8 @@ def test_stops_and_max_tokens_cut_a_speculative_step(shipped64):
 
 def test_trace_records_drafted_accepted_and_emitted(shipped64):
     target, draft, tok = shipped64
-    eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", speculative={"method": "draft", "gamma": 3, "model": draft}))
+    eng = LLMEngine.from_model(target, tok, EngineConfig(
+        dtype="float64", speculative={"method": "draft", "gamma": 3, "model": draft}))
     rid = eng.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
     while eng.has_unfinished_requests():
         eng.step()
@@ -256,7 +263,8 @@ def test_trace_records_drafted_accepted_and_emitted(shipped64):
 
 
 def prefill_kv(model, ids):
-    """K and V of every layer for these tokens, as a plain prefill into a fresh pool writes them: (L, n, Hkv, D) each."""
+    """K and V of every layer for these tokens, as a plain prefill into a fresh pool writes them: (L, n, Hkv, D)
+    each."""
     from minillm.llama.attention import AttentionMetadata
     from minillm.llama.kv_cache import KVCache
     n = len(ids)
@@ -272,7 +280,8 @@ def test_medusa_compacts_the_accepted_path_into_consecutive_slots(shipped64):
     prefill of the same tokens writes (float64, 1e-10): the accepted path was moved out of the tree's
     scattered slots (on this prompt some accepted paths leave the first branch, so moves happen)."""
     target, _, tok = shipped64
-    eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", block_size=4, speculative={"method": "medusa", "gamma": 3}))
+    eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", block_size=4,
+                                                         speculative={"method": "medusa", "gamma": 3}))
     eng.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     moves, move = [], eng.kv.move_slots
     eng.kv.move_slots = lambda src, dst: (moves.append(len(src)), move(src, dst))
@@ -296,7 +305,8 @@ def test_draft_on_the_numba_backend_drafts_the_same_tokens(shipped64):
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = []
     for backend in ("torch", "numba"):
-        eng = LLMEngine.from_model(target, tok, EngineConfig(speculative={"method": "draft", "gamma": 3, "draft_backend": backend}))
+        eng = LLMEngine.from_model(target, tok,
+                                   EngineConfig(speculative={"method": "draft", "gamma": 3, "draft_backend": backend}))
         outs.append((run_all(eng, PROMPTS[:1], sp), [e["drafted"] for st in eng.trace.steps for e in st.spec]))
     assert outs[0][1] and outs[0] == outs[1]
 
@@ -305,9 +315,11 @@ def test_medusa_serves_parallel_samples_and_swapped_sequences(shipped64):
     """n = 2 greedy samples fork after the prefill (each needs the parent's hidden state), and a pool too small
     for both prompts swaps one out and back (its hidden state must survive): same tokens as plain decoding."""
     target, _, tok = shipped64
-    opts = dict(dtype="float64", max_model_len=48, block_size=4, swap_bytes=16 * 4 * target.config.kv_bytes_per_token(8),
+    opts = dict(dtype="float64", max_model_len=48, block_size=4,
+                swap_bytes=16 * 4 * target.config.kv_bytes_per_token(8),
                 kv_cache_bytes=18 * 4 * target.config.kv_bytes_per_token(8), preemption_mode="swap")
-    sp = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=2), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
+    sp = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=2),
+          SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
     outs = []
     for spec in (None, {"method": "medusa", "gamma": 3}):
         eng = LLMEngine.from_model(target, tok, EngineConfig(**opts, speculative=spec))
@@ -334,7 +346,8 @@ def test_a_draft_pool_shortfall_drafts_less_instead_of_failing(shipped64):
     prompt = held_out_prompts(tok, 1, length=33)[0]                        # 2 full blocks shared by the 4 samples
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, n=4)
     want = run_all_n(LLMEngine.from_model(target, tok, EngineConfig(**opts)), prompt, sp)
-    eng = LLMEngine.from_model(target, tok, EngineConfig(**opts, speculative={"method": "draft", "gamma": 4, "model": draft}))
+    eng = LLMEngine.from_model(target, tok,
+                               EngineConfig(**opts, speculative={"method": "draft", "gamma": 4, "model": draft}))
     drops, rollback = [], eng.proposer.rollback
     eng.proposer.rollback = lambda seq, valid: (drops.append(seq.seq_id) if valid == 0 else None, rollback(seq, valid))
     assert run_all_n(eng, prompt, sp) == want and want[0] == want[3]
@@ -355,7 +368,8 @@ def test_no_room_for_drafts_means_plain_decoding_not_preemption(shipped64):
     """A tight pool: reserving gamma = 8 draft slots would preempt another sequence; the scheduler grants no
     draft slots instead, so speculation never preempts more than plain decoding does."""
     target, _, tok = shipped64
-    opts = dict(dtype="float64", block_size=4, max_model_len=64, kv_cache_bytes=20 * 4 * target.config.kv_bytes_per_token(8))
+    opts = dict(dtype="float64", block_size=4, max_model_len=64,
+                kv_cache_bytes=20 * 4 * target.config.kv_bytes_per_token(8))
     sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     counts = []
     for spec in (None, {"method": "ngram", "gamma": 8}):
@@ -376,7 +390,8 @@ def test_no_room_for_drafts_means_plain_decoding_not_preemption(shipped64):
     ({"gamma": 2}, r"speculative must be a dict with a 'method'"),
     ({"method": "ngram", "ngram_min": 3, "ngram_max": 2}, r"1 <= ngram_min <= ngram_max"),
     ({"method": "draft", "draft_backend": "cuda"}, r"draft_backend must be 'torch' or 'numba', got 'cuda'"),
-    ({"method": "medusa"}, r"Medusa heads in .*shakespeare-medusa.bin were trained for a model with dim=256.*this model has dim=64"),
+    ({"method": "medusa"},
+     r"Medusa heads in .*shakespeare-medusa.bin were trained for a model with dim=256.*this model has dim=64"),
     ({"method": "medusa", "heads": "/nonexistent/heads.bin"}, None),
 ])
 def test_bad_speculative_options_are_refused(spec, match):
@@ -386,7 +401,8 @@ def test_bad_speculative_options_are_refused(spec, match):
 
 def test_medusa_refuses_sampling_and_keeps_the_engine_usable():
     llm = LLM("shakespeare", speculative={"method": "medusa", "gamma": 2})
-    with pytest.raises(ValueError, match=r"'medusa' verifies its candidate tree greedily: it needs temperature=0, got temperature=0.8"):
+    with pytest.raises(ValueError, match=r"'medusa' verifies its candidate tree greedily: it needs temperature=0, "
+                                         r"got temperature=0.8"):
         llm.generate(["ROMEO.\n", "JULIET.\n"], [SamplingParams(temperature=0), SamplingParams(temperature=0.8)])
     assert not llm.engine.has_unfinished_requests()        # the valid first request was not queued either
     out = llm.generate("ROMEO.\n", SamplingParams(temperature=0, max_tokens=8))
@@ -399,7 +415,9 @@ def test_a_medusa_tree_deeper_than_the_heads_is_refused():
 
 
 def test_a_draft_with_another_tokenizer_is_refused():
-    with pytest.raises(ValueError, match=r"the draft model 'random:tiny' uses a different tokenizer from the target's \(vocab 512 vs 4096"):
+    with pytest.raises(ValueError,
+                       match=r"the draft model 'random:tiny' uses a different tokenizer from the target's "
+                             r"\(vocab 512 vs 4096"):
         LLM("shakespeare", speculative={"method": "draft", "model": "random:tiny"})
 
 
@@ -419,7 +437,8 @@ def test_speculation_with_chunked_prefill_equals_plain_greedy(shipped64, greedy_
     for method in ("ngram", "draft"):
         eng = LLMEngine.from_model(target, tok, EngineConfig(dtype="float64", enable_chunked_prefill=True,
                                                              max_num_batched_tokens=16,
-                                                             speculative={"method": method, "gamma": 3, "model": draft}))
+                                                             speculative={"method": method, "gamma": 3,
+                                                                          "model": draft}))
         assert run_all(eng, PROMPTS[:2], GREEDY) == greedy_reference
         assert eng.spec_stats["accepted"] > 0
         assert all(s.num_prefill_tokens + s.num_decode_tokens <= 16 for s in eng.trace.steps)

@@ -27,7 +27,7 @@ def test_training_lowers_the_loss_and_beats_unigram(tmp_path, tokens):
     tc = TrainConfig(out_dir=str(tmp_path), batch_size=8, seq_len=32, lr=3e-3, warmup_steps=10, max_steps=120,
                      eval_every=40, eval_windows=8, patience=10, dropout=0.0)
     s = train(tiny_cfg(), tr, va, tc, log=lambda *_: None)
-    rows = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
+    rows = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
     assert [r["step"] for r in rows] == [40, 80, 120]
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] < np.log(300)  # below a uniform guess, and improving
     assert s["best_val_loss"] < unigram_loss(tr, va, 300)            # learned context, not just frequencies
@@ -66,7 +66,8 @@ def test_schedule_and_kd_loss():
     s, t = torch.randn(2, 3, 7, generator=g), torch.randn(2, 3, 7, generator=g)
     y = torch.randint(0, 7, (2, 3), generator=g)
     ce = torch.nn.functional.cross_entropy(s.flatten(0, 1), y.flatten())
-    assert kd_loss(t, t, y, 2.0, 0.5).item() == pytest.approx(0.5 * torch.nn.functional.cross_entropy(t.flatten(0, 1), y.flatten()).item(), abs=1e-6)
+    assert kd_loss(t, t, y, 2.0, 0.5).item() == pytest.approx(
+        0.5 * torch.nn.functional.cross_entropy(t.flatten(0, 1), y.flatten()).item(), abs=1e-6)
     p, logq = torch.softmax(t / 2, -1), torch.log_softmax(s / 2, -1)
     kl = (p * (p.log() - logq)).sum(-1).mean()
     assert kd_loss(s, t, y, 2.0, 0.5).item() == pytest.approx(4 * kl.item() + 0.5 * ce.item(), rel=1e-5)
@@ -123,7 +124,8 @@ def test_train_cli_refuses_an_existing_run_unless_forced(tmp_path, tokens, capsy
             "--eval-windows", "2"]
     assert main(argv) == 0
     assert len(open(tmp_path / "run" / "log.jsonl").readlines()) == 2
-    with pytest.raises(ValueError, match=rf"{tmp_path / 'run'} already holds a run \(state.pt, model.bin\).*--resume.*--out.*--force"):
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'run'} already holds a run \(state.pt, model.bin\)"
+                                         r".*--resume.*--out.*--force"):
         main(argv)
     assert len(open(tmp_path / "run" / "log.jsonl").readlines()) == 2  # untouched
     assert main(argv + ["--max-steps", "3", "--resume"]) == 0

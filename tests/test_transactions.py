@@ -4,11 +4,11 @@ run computes, and nothing unwritten enters the prefix cache. A request's own mis
 while the others go on; LLM.generate aborts its requests when a step raises and the engine stays usable."""
 import pytest
 import torch
+from hashmodel import HashModel, reference
+from test_scheduler_fuzz import run_schedule
 
 import minillm.engine.engine
-from hashmodel import HashModel, reference
 from minillm import LLM, SamplingParams
-from test_scheduler_fuzz import run_schedule
 
 # A schedule that exercises every kind of state a step touches: shared prompts (prefix caching), n = 2 forks,
 # a pool of one full-length sequence (preemption), a late arrival, an abort and n-gram speculation.
@@ -16,7 +16,8 @@ REQS = [([3, 4, 5, 3, 4, 5, 3, 4, 5, 6], 20, 0, 2, False), ([3, 4, 5, 3, 4, 5, 7
         ([9, 9, 9, 10, 11], 25, 1, 1, False), ([3, 4, 5, 3, 4, 5, 3, 4], 9, 2, 3, True), ([12] * 20, 18, 4, 1, False)]
 SCHEDULES = {
     "continuous-swap": dict(block_size=4, mode="continuous", caching=True, pool_blocks16=4, preempt="swap", gamma=0),
-    "recompute-spec": dict(block_size=2, mode="continuous", caching=True, pool_blocks16=4, preempt="recompute", gamma=3),
+    "recompute-spec": dict(block_size=2, mode="continuous", caching=True, pool_blocks16=4, preempt="recompute",
+                           gamma=3),
     "chunked-spec": dict(block_size=4, mode="chunked", caching=True, pool_blocks16=5, preempt="swap", gamma=2),
     "static": dict(block_size=16, mode="static", caching=True, pool_blocks16=4, preempt="recompute", gamma=0),
 }
@@ -54,7 +55,8 @@ STAGES = [("runner", "move_blocks", False), ("runner", "move_blocks", True), ("p
 
 
 @pytest.mark.parametrize("schedule", ["continuous-swap", "recompute-spec", "chunked-spec"])
-@pytest.mark.parametrize("owner,name,after", STAGES, ids=[f"{o}.{n}-{'after' if a else 'before'}" for o, n, a in STAGES])
+@pytest.mark.parametrize("owner,name,after", STAGES,
+                         ids=[f"{o}.{n}-{'after' if a else 'before'}" for o, n, a in STAGES])
 def test_an_exception_at_any_stage_changes_no_output(schedule, owner, name, after):
     for at in (1, 3, 7):
         def inject(engine, model):

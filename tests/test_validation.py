@@ -68,7 +68,8 @@ def test_logits_processors_are_callables_stored_as_a_list():
 @pytest.mark.parametrize("field", ["enable_chunked_prefill", "enable_prefix_caching", "trace"])
 @pytest.mark.parametrize("value", ["false", "true", 0, 1, None, np.float64(0.0)])
 def test_bool_options_take_only_true_or_false(field, value):
-    with pytest.raises(ValueError, match=rf"^EngineConfig\.{field} must be True or False, got {re.escape(repr(value))}"):
+    with pytest.raises(ValueError,
+                       match=rf"^EngineConfig\.{field} must be True or False, got {re.escape(repr(value))}"):
         EngineConfig(**{field: value})
 
 
@@ -96,7 +97,8 @@ def test_engine_config_refuses_wrong_types_naming_field_and_value(field, value):
 
 
 def test_an_infinite_batch_window_asks_for_a_finite_number_of_seconds():
-    with pytest.raises(ValueError, match=r"EngineConfig.batch_window_s must be a finite number of seconds >= 0, got inf"):
+    with pytest.raises(ValueError,
+                       match=r"EngineConfig.batch_window_s must be a finite number of seconds >= 0, got inf"):
         EngineConfig(batching="dynamic", batch_window_s=math.inf)
 
 
@@ -106,7 +108,8 @@ def test_engine_config_accepts_numpy_integers_and_stores_plain_ints():
     assert (cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.seed) == (8, 4, 64, 3)
     assert all(type(v) is int for v in (cfg.block_size, cfg.max_num_seqs, cfg.max_model_len, cfg.seed))
     assert type(cfg.batch_window_s) is float and cfg.batch_window_s == 0.25
-    EngineConfig(speculative={"method": "ngram"}, quantization="int4", quant_config={"group_size": 64}, tokenizer="t.bin")
+    EngineConfig(speculative={"method": "ngram"}, quantization="int4", quant_config={"group_size": 64},
+                 tokenizer="t.bin")
 
 
 # ---------------------------------------------------------------- EngineConfig: contradictions
@@ -117,7 +120,8 @@ def test_engine_config_accepts_numpy_integers_and_stores_plain_ints():
     (dict(swap_bytes=2**20), r"^EngineConfig.swap_bytes=1048576 .*preemption_mode='recompute'"),
     (dict(swap_bytes=2**20, preemption_mode="recompute"), r"^EngineConfig.swap_bytes=.*preemption_mode='recompute'"),
     (dict(max_num_batched_tokens=64), r"^EngineConfig.max_num_batched_tokens=64 .*enable_chunked_prefill=True"),
-    (dict(max_num_batched_tokens=64, batching="static"), r"^EngineConfig.max_num_batched_tokens=64 .*enable_chunked_prefill"),
+    (dict(max_num_batched_tokens=64, batching="static"),
+     r"^EngineConfig.max_num_batched_tokens=64 .*enable_chunked_prefill"),
 ])
 def test_contradicting_options_are_refused_naming_both(opts, match):
     with pytest.raises(ValueError, match=match):

@@ -4,15 +4,15 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import minillm.viz as viz  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-import minillm.viz as viz  # noqa: E402
 from minillm import profiling as P  # noqa: E402
 from minillm.config import ModelConfig  # noqa: E402
-from minillm.llama.transformer import rope_tables  # noqa: E402
 from minillm.core.trace import StepRecord  # noqa: E402
+from minillm.llama.transformer import rope_tables  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +91,7 @@ def test_plot_rope():
     cos, sin = rope_tables(16, 32)
     fig = viz.plot_rope(cos, sin, pairs=[0, 3, 7], n_positions=20, arrows=5)
     left, right = fig.axes
-    assert len(right.lines) == 3 and all(len(l.get_xdata()) == 20 for l in right.lines)
+    assert len(right.lines) == 3 and all(len(line.get_xdata()) == 20 for line in right.lines)
     assert len([t for t in left.texts if t.get_text().startswith("pos")]) == 5
 
 
@@ -123,7 +123,7 @@ def test_plot_decode_timing():
     fig = viz.plot_decode_timing(timing("no cache", 12), timing("kv cache", 12, repeats=1))
     left, right = fig.axes
     assert len(left.lines) == 2 and len(right.lines) == 2
-    assert [l.get_label() for l in left.lines] == ["no cache (median of 3)", "kv cache"]
+    assert [line.get_label() for line in left.lines] == ["no cache (median of 3)", "kv cache"]
     assert right.lines[0].get_ydata()[-1] == pytest.approx(sum(1e-3 * (1 + i) for i in range(12)))
     with pytest.raises(ValueError):
         viz.plot_decode_timing()
@@ -166,6 +166,7 @@ def test_training_plots():
 
 def test_serving_timeline_and_block_map(tmp_path):
     import minillm.viz as viz
+
     from minillm import LLM, SamplingParams
     llm = LLM("random:tiny", batching="static", block_size=4, enable_prefix_caching=True, max_num_seqs=2)
     sps = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (2, 6, 3)]
@@ -186,24 +187,26 @@ def test_serving_timeline_and_block_map(tmp_path):
 
 def test_serving_memory_comparison_and_latency_plots():
     import minillm.viz as viz
+
     from minillm.bench.serve import RequestMemory
     rows = {"paged": [RequestMemory("a", 5, 8 * 4, 5 * 4), RequestMemory("b", 9, 12 * 4, 9 * 4)],
             "contiguous": [RequestMemory("a", 5, 64 * 4, 5 * 4), RequestMemory("b", 9, 64 * 4, 9 * 4)]}
     fig = viz.plot_memory_bars(rows)
     assert len(fig.axes) == 2 and len(bars(fig.axes[1])) == 4
     assert fig.axes[1].get_title().startswith("contiguous: 89% wasted")          # (59 + 55) / 128
-    res = [dict(label=l, throughput=t, ttft_p50=0.01, ttft_p99=0.05, tpot_p50=0.002, tpot_p99=0.004)
-           for l, t in [("static", 100.0), ("continuous", 250.0)]]
+    res = [dict(label=label, throughput=t, ttft_p50=0.01, ttft_p99=0.05, tpot_p50=0.002, tpot_p99=0.004)
+           for label, t in [("static", 100.0), ("continuous", 250.0)]]
     fig = viz.plot_serve_comparison(res)
     assert len(fig.axes) == 3 and [b.get_height() for b in bars(fig.axes[0])] == [100.0, 250.0]
     fig = viz.plot_latency_vs_throughput({"continuous": res, "static": res[:1]})
-    assert [len(l.get_xdata()) for l in fig.axes[0].lines] == [2, 1]
+    assert [len(line.get_xdata()) for line in fig.axes[0].lines] == [2, 1]
 
 
 def test_serving_explorer_is_a_widget():
     import minillm.viz as viz
-    from minillm.formats.loader import random_model
+
     from minillm.bench.workload import make_workload
+    from minillm.formats.loader import random_model
     model, tok = random_model("tiny")
     w = viz.serving_explorer(model, tok, make_workload(3, 512, rate=0, prompt_median=6, output_median=3, max_len=64),
                              max_model_len=64)
@@ -232,7 +235,8 @@ def test_plot_access_diagram_from_a_hand_made_log():
     assert "a (global, 2x3): 3 reads" in ax.get_title() and not ax.patches
     fig = viz.plot_access_diagram(log, ["a", "s"], thread=(0, 1))
     a_ax, s_ax = fig.axes[:2]
-    assert [p.get_edgecolor()[:3] for p in a_ax.patches] == [matplotlib.colors.to_rgb(viz.kernels.SPACE_COLORS["global"])] * 2
+    assert ([p.get_edgecolor()[:3] for p in a_ax.patches]
+            == [matplotlib.colors.to_rgb(viz.kernels.SPACE_COLORS["global"])] * 2)
     assert not s_ax.patches                                                   # thread 1 never touched s
     fig = viz.plot_access_diagram(log, "s", thread=(0, 0))
     assert len(fig.axes[0].patches) == 2 and fig.axes[0].images[0].get_array().shape == (1, 4)

@@ -4,11 +4,10 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import minillm.viz as viz  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-
-import minillm.viz as viz  # noqa: E402
 from minillm.kernels.softmax import online_softmax_steps  # noqa: E402
 
 

@@ -4,12 +4,11 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import minillm.viz as viz  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-
-import minillm.viz as viz  # noqa: E402
 from minillm.viz.quant import outlier_channels  # noqa: E402
 
 
@@ -31,7 +30,8 @@ def test_weight_activation_hist_marks_the_outlier_channels():
     x = torch.randn(64, 32, generator=g)
     twin = x.clone()
     twin[:, [2, 9]] *= 60
-    fig = viz.plot_weight_activation_hist(torch.randn(16, 32, generator=g), {"shipped": x, "outliers": twin}, title="w1")
+    fig = viz.plot_weight_activation_hist(torch.randn(16, 32, generator=g), {"shipped": x, "outliers": twin},
+                                          title="w1")
     assert isinstance(fig, Figure) and len(fig.axes) == 3
     ax_w, ax_a, ax_c = fig.axes
     assert ax_w.get_yscale() == "log" and ax_a.get_yscale() == "log"

@@ -6,14 +6,14 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import minillm.viz as viz  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-
-import minillm.viz as viz  # noqa: E402
-from minillm.formats.loader import load_tokenizer  # noqa: E402
 from minillm.viz.spec import STYLE, ancestor_mask  # noqa: E402
+
+from minillm.formats.loader import load_tokenizer  # noqa: E402
 
 TOKENIZER = "minillm/models/tokenizer.bin"
 
@@ -108,7 +108,8 @@ def test_spec_text_html_with_the_shipped_tokenizer():
     body = text_part(h)
     rejected_style = re.escape(STYLE["rejected"])
     shown = "".join(re.findall(rf'<span style="(?!{rejected_style})[^"]*"[^>]*>(.*?)</span>', body))
-    assert shown.replace("<br>", "\n") == "ROMEO:\nBut softé"                   # the output, without the rejected drafts
+    # the output, without the rejected drafts
+    assert shown.replace("<br>", "\n") == "ROMEO:\nBut softé"
     assert spans(body, "rejected") == ["x", "\ufffd"]                            # a lone continuation byte is not text
     assert spans(body, "accepted")[-1] == "" and spans(body, "target")[-1] == "é"  # é whole on the byte completing it
 
@@ -193,6 +194,7 @@ def test_pass_cost_and_exactness_plots_draw_their_data():
     fig = viz.plot_pass_cost({1: 2.0, 2: 2.2, 4: 2.6})
     lines = fig.axes[0].get_lines()
     assert list(lines[0].get_ydata()) == pytest.approx([1.0, 1.1, 1.3]) and list(lines[1].get_ydata()) == [1, 2, 4]
-    fig = viz.plot_exactness(torch.tensor([0.5, 0.25, 0.25]), torch.tensor([48.0, 27.0, 25.0]))   # torch, as verification gives
+    # torch, as verification gives
+    fig = viz.plot_exactness(torch.tensor([0.5, 0.25, 0.25]), torch.tensor([48.0, 27.0, 25.0]))
     heights = [r.get_height() for r in fig.axes[0].patches]
     assert heights == pytest.approx([0.5, 0.25, 0.25, 0.48, 0.27, 0.25])

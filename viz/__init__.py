@@ -17,20 +17,38 @@ from .kv_cache import draw_kv_pool, draw_recompute_grid, plot_kv_bytes, plot_kv_
 from .quant import plot_channel_error_heatmap, plot_pareto, plot_speedup_vs_batch, plot_weight_activation_hist
 from .rope import plot_rope
 from .sampling import plot_next_token_distribution, sampling_explorer
-from .serving import (plot_block_map, plot_latency_vs_throughput, plot_memory_bars, plot_serve_comparison, plot_timeline,
-                      plot_block_size_sweep, serving_explorer)
-from .spec import (draw_medusa_tree, plot_acceptance_bars, plot_exactness, plot_pass_cost, plot_spec_vs_batch, plot_spec_vs_gamma,
-                   spec_counts, spec_text_html)
+from .serving import (
+                      plot_block_map,
+                      plot_block_size_sweep,
+                      plot_latency_vs_throughput,
+                      plot_memory_bars,
+                      plot_serve_comparison,
+                      plot_timeline,
+                      serving_explorer,
+)
+from .spec import (
+                      draw_medusa_tree,
+                      plot_acceptance_bars,
+                      plot_exactness,
+                      plot_pass_cost,
+                      plot_spec_vs_batch,
+                      plot_spec_vs_gamma,
+                      spec_counts,
+                      spec_text_html,
+)
 from .trace import plot_trace
 from .training import plot_expected_tokens, plot_training_curves
 
 __all__ = ["draw_engine_path", "plot_trace", "plot_next_token_distribution", "sampling_explorer",
            "draw_llama_block", "llama_steps", "plot_forward_breakdown", "plot_attention", "plot_rope",
            "draw_recompute_grid", "plot_kv_bytes", "plot_kv_bytes_vs_length", "draw_kv_pool",
-           "plot_decode_timing", "plot_prefill_vs_decode", "plot_training_curves", "plot_expected_tokens", "plot_timeline", "plot_block_map",
-           "plot_memory_bars", "plot_serve_comparison", "plot_latency_vs_throughput", "serving_explorer", "plot_block_size_sweep",
+           "plot_decode_timing", "plot_prefill_vs_decode", "plot_training_curves", "plot_expected_tokens",
+           "plot_timeline", "plot_block_map",
+           "plot_memory_bars", "plot_serve_comparison", "plot_latency_vs_throughput", "serving_explorer",
+           "plot_block_size_sweep",
            "plot_access_diagram", "plot_roofline", "plot_fusion",
            "draw_attention_tiles", "plot_online_softmax", "plot_attention_memory", "plot_split_sweep",
            "plot_weight_activation_hist", "plot_channel_error_heatmap", "plot_pareto", "plot_speedup_vs_batch",
-           "spec_text_html", "spec_counts", "plot_spec_vs_gamma", "plot_spec_vs_batch", "draw_medusa_tree", "plot_acceptance_bars",
+           "spec_text_html", "spec_counts", "plot_spec_vs_gamma", "plot_spec_vs_batch", "draw_medusa_tree",
+           "plot_acceptance_bars",
            "plot_pass_cost", "plot_exactness"]

@@ -56,7 +56,8 @@ def draw_attention_tiles(n_tiles: int = 6, query_tile: int = 3, key_tile: int = 
                 face, edge = "#F4F4F4", "#BBBBBB"
             right.add_patch(Rectangle((c, r), 1, 1, facecolor=face, edgecolor=edge, lw=1))
     right.add_patch(Rectangle((0, query_tile), query_tile + 1, 1, fill=False, edgecolor="#333333", lw=1.8))
-    right.text(key_tile + 0.5, query_tile + 0.5, "now\n(on chip)", ha="center", va="center", fontsize=7.5, color="white")
+    right.text(key_tile + 0.5, query_tile + 0.5, "now\n(on chip)", ha="center", va="center", fontsize=7.5,
+               color="white")
     for c in range(key_tile):
         right.text(c + 0.5, query_tile + 0.5, "folded\nin", ha="center", va="center", fontsize=7.5, color="#333333")
     if key_tile < query_tile:
@@ -163,7 +164,8 @@ def plot_split_sweep(splits, series: dict, threads: int | None = None,
     left.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     left.set(ylabel="ms per call (log scale)", title=title)
     left.title.set_fontsize(10)
-    right.set_ylim(0, max([threads or 1] + [float(np.max(np.array(s[0]) / np.array(s))) for s in series.values()]) * 1.25)
+    top = max([threads or 1] + [float(np.max(np.array(s[0]) / np.array(s))) for s in series.values()])
+    right.set_ylim(0, top * 1.25)
     right.set(ylabel="speed-up over num_splits = 1", title="speed-up from splitting")
     right.legend(frameon=False, fontsize=8, loc="lower right")
     return finish(fig)

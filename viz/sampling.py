@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 from ..core.sampling import probs_from_logits
-
 from ._figure import finish, new_figure
 
 

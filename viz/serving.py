@@ -36,7 +36,8 @@ def plot_timeline(steps, title: str = "Who ran at each step"):
     return finish(fig)
 
 
-def plot_block_map(snapshot, title: str = "KV pool: colour = owner, xN = shared by N, hatched = prefix-cached, bar = slots filled"):
+def plot_block_map(snapshot, title: str = "KV pool: colour = owner, xN = shared by N, hatched = prefix-cached, "
+                                          "bar = slots filled"):
     """snapshot: LLMEngine.block_snapshot(). Each block a cell, coloured by owning sequence; a number for
     shared blocks' owner count; hatched if it is a prefix-cache block; its fill as a bar."""
     n = snapshot.num_blocks
@@ -49,7 +50,7 @@ def plot_block_map(snapshot, title: str = "KV pool: colour = owner, xN = shared 
         owners = snapshot.owners[b]
         color = f"C{owners[0] % 10}" if owners else "#EEEEEE"
         ax.add_patch(Rectangle((c, -r), 0.92, -0.92, color=color, alpha=0.35 if owners else 1,
-                                                                  hatch="//" if snapshot.cached[b] else None, ec="gray", lw=0.5))
+                               hatch="//" if snapshot.cached[b] else None, ec="gray", lw=0.5))
         if owners:
             ax.add_patch(Rectangle((c, -r - 0.92), 0.92 * snapshot.filled[b] / snapshot.block_size,
                                                                       0.18, color=color))
@@ -110,7 +111,8 @@ def plot_latency_vs_throughput(sweeps: dict):
     fig, axes = new_figure(width=6.4, height=3.8)
     ax = axes[0][0]
     for i, (label, rows) in enumerate(sweeps.items()):
-        ax.plot([r["throughput"] for r in rows], [r["ttft_p99"] * 1e3 for r in rows], "-o", ms=3, color=f"C{i}", label=label)
+        ax.plot([r["throughput"] for r in rows], [r["ttft_p99"] * 1e3 for r in rows], "-o", ms=3, color=f"C{i}",
+                label=label)
     ax.set(xlabel="throughput (output tokens / s)", ylabel="TTFT p99 (ms)", yscale="log",
            title="Latency against throughput as the arrival rate grows")
     ax.grid(alpha=0.3)
@@ -157,7 +159,8 @@ def plot_block_size_sweep(block_sizes, waste, concurrency, kv_bytes: int):
     ax.set(xlabel="block_size (the last is max_model_len: the contiguous cache)", ylabel="% of reserved KV bytes empty",
            title="Waste: only a sequence's last block is partly empty")
     ax2.bar(labels, concurrency, color=COLORS["kv cache"])
-    ax2.set(xlabel="block_size", ylabel="peak sequences running", title=f"Concurrency in the same {human_bytes(kv_bytes)}")
+    ax2.set(xlabel="block_size", ylabel="peak sequences running",
+            title=f"Concurrency in the same {human_bytes(kv_bytes)}")
     for a in (ax, ax2):
         a.grid(axis="y", alpha=0.3)
     return finish(fig)

@@ -136,7 +136,8 @@ def spec_text_html(events, tokenizer, prompt_ids=None) -> str:
             rejected_prev = t
         if len(emitted) > accepted:
             t = emitted[accepted]
-            why = "bonus (every draft accepted)" if accepted == len(drafted) else "correction (resampled from the target)"
+            why = ("bonus (every draft accepted)" if accepted == len(drafted)
+                   else "correction (resampled from the target)")
             parts.append(_span("target", text.piece(t, prev, decoder), f"step {step}: target token {t}, {why}"))
             prev = t
     if text.has_bytes:

@@ -6,7 +6,8 @@ from ._figure import finish, new_figure
 
 def plot_training_curves(logs: dict, baseline: float | None = None):
     """logs: {label: [rows of log.jsonl]}, each row with tokens, train_loss, val_loss, lr (and, for a run
-    in phases, phase and eval_seq_len: a dashed line marks where a phase starts). Left: train and val loss against tokens seen; right: the learning-rate schedule."""
+    in phases, phase and eval_seq_len: a dashed line marks where a phase starts). Left: train and val loss
+    against tokens seen; right: the learning-rate schedule."""
     fig, axes = new_figure(ncols=2, width=11, height=3.8)
     ax, ax2 = axes[0]
     for i, (label, rows) in enumerate(logs.items()):

@@ -42,7 +42,8 @@ CAPABILITIES = {
 def _refuse(backend: str, what: str, value, ok) -> ValueError:
     can = [b for b, cap in CAPABILITIES.items() if ok(cap)]
     return ValueError(f"backend={backend!r} does not run {what}={value!r} yet; "
-                      f"{'backends that do: ' + ', '.join(can) if can else 'no backend does'} (minillm.backends.capabilities.CAPABILITIES)")
+                      f"{'backends that do: ' + ', '.join(can) if can else 'no backend does'} "
+                      "(minillm.backends.capabilities.CAPABILITIES)")
 
 
 def check_backend(config: EngineConfig, method=None):

@@ -42,7 +42,9 @@ class CudaTransformer(nn.Module):
         if dtype != torch.float32:
             raise ValueError(f"backend='cuda' runs float32 weights, got {dtype}; use dtype='float32'")
         self.model, self.config, self.device = model, model.config, cuda_device()
-        on = lambda t: t.detach().to(self.device, torch.float32).contiguous()
+
+        def on(t):
+            return t.detach().to(self.device, torch.float32).contiguous()
         self.layers = [dict(att_norm=on(b.attention_norm.weight), ffn_norm=on(b.ffn_norm.weight),
                             wqkv=on(torch.cat([b.attention.wq.weight, b.attention.wk.weight, b.attention.wv.weight])),
                             wo=on(b.attention.wo.weight),
@@ -57,11 +59,13 @@ class CudaTransformer(nn.Module):
         if kv is None or attn is None:
             raise ValueError("backend='cuda' serves from the KV cache: pass kv and AttentionMetadata")
         if return_hidden or attn.tree_mask is not None:
-            raise ValueError("backend='cuda' computes no hidden states and no tree attention (see minillm.backends.capabilities)")
+            raise ValueError("backend='cuda' computes no hidden states and no tree attention "
+                             "(see minillm.backends.capabilities)")
         cfg, dev = self.config, self.device
         B, T = tokens.shape
         if int(positions.max()) >= cfg.max_seq_len:
-            raise ValueError(f"position {int(positions.max())} is beyond the model's context max_seq_len={cfg.max_seq_len}")
+            raise ValueError(f"position {int(positions.max())} is beyond the model's context "
+                             f"max_seq_len={cfg.max_seq_len}")
         H, Hkv, D, eps = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.norm_eps
         HD, KVD, R = H * D, Hkv * D, B * T
         pos = positions.reshape(-1).to(dev).contiguous()                            # (R,)
@@ -71,21 +75,21 @@ class CudaTransformer(nn.Module):
         ctx = pos + 1                                                               # (R,) row r sees 0..pos[r]
         x = self.emb[tokens.reshape(-1).to(dev)].contiguous()                       # (R, C) the residual stream
         xb = rmsnorm_cuda(x, self.layers[0]["att_norm"], eps)                       # (R, C)
-        for l, w in enumerate(self.layers):
+        for li, w in enumerate(self.layers):
             qkv = matmul_cuda(xb, w["wqkv"])                                        # (R, HD + 2 KVD)
             q = rope_cuda(qkv[:, :HD].contiguous().view(R, H, D), pos, self.cos, self.sin)        # (R, H, D)
             k = rope_cuda(qkv[:, HD:HD + KVD].contiguous().view(R, Hkv, D), pos, self.cos, self.sin)  # (R, Hkv, D)
             v = qkv[:, HD + KVD:].reshape(R, Hkv, D)                                # (R, Hkv, D)
-            kv.k[l].view(-1, Hkv, D)[slots[keep]] = k[keep]                         # K/V to their slots
-            kv.v[l].view(-1, Hkv, D)[slots[keep]] = v[keep]
-            att = paged_attention_cuda(q, kv.k[l], kv.v[l], tables, ctx)            # (R, H, D)
+            kv.k[li].view(-1, Hkv, D)[slots[keep]] = k[keep]                        # K/V to their slots
+            kv.v[li].view(-1, Hkv, D)[slots[keep]] = v[keep]
+            att = paged_attention_cuda(q, kv.k[li], kv.v[li], tables, ctx)          # (R, H, D)
             out = matmul_cuda(att.reshape(R, HD), w["wo"])                          # (R, C)
             xb = add_rmsnorm_cuda(out, x, w["ffn_norm"], eps)                       # x += attention; xb = norm(x)
             h13 = matmul_cuda(xb, w["w13"])                                         # (R, 2F)
             F = h13.shape[1] // 2
             h = swiglu_cuda(h13[:, :F].contiguous(), h13[:, F:].contiguous())       # (R, F)
             out = matmul_cuda(h, w["w2"])                                           # (R, C)
-            nxt = self.layers[l + 1]["att_norm"] if l + 1 < len(self.layers) else self.norm
+            nxt = self.layers[li + 1]["att_norm"] if li + 1 < len(self.layers) else self.norm
             xb = add_rmsnorm_cuda(out, x, nxt, eps)                                 # x += mlp; next norm
         last = torch.arange(B) * T + T - 1 if rows is None else torch.as_tensor(rows)  # (N,) rows wanted
         logits = matmul_cuda(xb[last.to(dev)].contiguous(), self.wcls)              # (N, V)

@@ -50,8 +50,8 @@ def forward_rows(tokens, positions, slots, tables, last, emb, rms_att, wqkv, wo,
     h13 = np.empty((R, 2 * F), np.float32)              # (R, 2F) gate | up
     ctx = positions + 1                                 # (R,) row r sees positions 0..positions[r]
     rmsnorm_rows(x, rms_att[0], eps, xb)
-    for l in range(L):
-        linear_cpu(xb, wqkv[l], qkv)
+    for li in range(L):
+        linear_cpu(xb, wqkv[li], qkv)
         q = np.ascontiguousarray(qkv[:, :HD])           # (R, H*D)
         k = np.ascontiguousarray(qkv[:, HD:HD + KVD])   # (R, Hkv*D)
         v = qkv[:, HD + KVD:]                           # (R, Hkv*D), only read row by row
@@ -59,17 +59,18 @@ def forward_rows(tokens, positions, slots, tables, last, emb, rms_att, wqkv, wo,
         rope_rows(k.reshape(R, Hkv, D), positions, cos, sin)
         for r in range(R):                              # every row's K/V are in the pool before anyone reads
             if slots[r] >= 0:
-                k_cache[l, slots[r] // BS, slots[r] % BS] = k[r].reshape(Hkv, D)
+                k_cache[li, slots[r] // BS, slots[r] % BS] = k[r].reshape(Hkv, D)
                 for j in range(KVD):
-                    v_cache[l, slots[r] // BS, slots[r] % BS, j // D, j % D] = v[r, j]
-        paged_attention_rows(q.reshape(R, n_heads, D), k_cache[l], v_cache[l], tables, ctx, att.reshape(R, n_heads, D))
-        linear_cpu(att, wo[l], out)
-        add_rmsnorm_rows(out, x, rms_ffn[l], eps, xb)   # x += attention; xb = rmsnorm(x)
-        linear_cpu(xb, w13[l], h13)
+                    v_cache[li, slots[r] // BS, slots[r] % BS, j // D, j % D] = v[r, j]
+        paged_attention_rows(q.reshape(R, n_heads, D), k_cache[li], v_cache[li], tables, ctx,
+                             att.reshape(R, n_heads, D))
+        linear_cpu(att, wo[li], out)
+        add_rmsnorm_rows(out, x, rms_ffn[li], eps, xb)  # x += attention; xb = rmsnorm(x)
+        linear_cpu(xb, w13[li], h13)
         h = np.ascontiguousarray(h13[:, :F])            # (R, F) gate
         swiglu_rows(h, np.ascontiguousarray(h13[:, F:]), h)  # h = silu(gate) * up
-        linear_cpu(h, w2[l], out)
-        add_rmsnorm_rows(out, x, rms_att[l + 1] if l + 1 < L else rms_final, eps, xb)  # x += mlp; next norm
+        linear_cpu(h, w2[li], out)
+        add_rmsnorm_rows(out, x, rms_att[li + 1] if li + 1 < L else rms_final, eps, xb)  # x += mlp; next norm
     xl = np.empty((last.shape[0], C), np.float32)       # (B, C) only the rows whose next token is wanted
     for b in range(last.shape[0]):
         xl[b] = xb[last[b]]
@@ -89,7 +90,9 @@ class NumbaTransformer(nn.Module):
             raise ValueError(f"backend='numba' runs float32 weights, got {dtype}; use dtype='float32'")
         self.model, self.config = model, model.config
         layers = model.layers
-        stack = lambda f: np.ascontiguousarray(torch.stack([f(b).detach() for b in layers]).numpy())
+
+        def stack(f):
+            return np.ascontiguousarray(torch.stack([f(b).detach() for b in layers]).numpy())
         self.w = dict(
             emb=model.tok_embeddings.weight.detach().numpy(),
             rms_att=stack(lambda b: b.attention_norm.weight),
@@ -110,7 +113,8 @@ class NumbaTransformer(nn.Module):
         if kv is None or attn is None:
             raise ValueError("backend='numba' serves from the KV cache: pass kv and AttentionMetadata")
         if return_hidden or attn.tree_mask is not None:
-            raise ValueError("backend='numba' computes no hidden states and no tree attention (see minillm.backends.capabilities)")
+            raise ValueError("backend='numba' computes no hidden states and no tree attention "
+                             "(see minillm.backends.capabilities)")
         B, T = tokens.shape
         limit = self.config.max_seq_len
         if int(positions.max()) >= limit:
@@ -119,7 +123,9 @@ class NumbaTransformer(nn.Module):
         tables = attn.block_tables.numpy()                                       # (B, M)
         if T > 1:
             tables = np.repeat(tables, T, axis=0)                                # (B*T, M) each row's sequence's
-        n = lambda t: t.reshape(-1).contiguous().numpy()
+
+        def n(t):
+            return t.reshape(-1).contiguous().numpy()
         threads = torch.get_num_threads()
         torch.set_num_threads(1)   # torch's OpenMP threads would spin against numba's between our calls
         try:

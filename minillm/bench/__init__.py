@@ -12,5 +12,6 @@ def __getattr__(name):
         raise AttributeError(f"module 'minillm.bench' has no attribute {name!r}")
     import importlib
     import warnings
-    warnings.warn(f"minillm.bench.{name} moved to minillm.bench.{_MOVED[name]}.{name}", DeprecationWarning, stacklevel=2)
+    warnings.warn(f"minillm.bench.{name} moved to minillm.bench.{_MOVED[name]}.{name}", DeprecationWarning,
+                  stacklevel=2)
     return getattr(importlib.import_module(f"minillm.bench.{_MOVED[name]}"), name)

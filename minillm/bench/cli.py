@@ -1,6 +1,6 @@
-"""`python -m minillm bench decode | batched | serve | quant | spec`: batch-1 decode speed; batched decode beside llama2.c's
-run.c and against torch's own matmul FLOP/s; a serving workload under several settings. Warm-up excluded,
-medians of several runs, every ratio measured side by side in one run."""
+"""`python -m minillm bench decode | batched | serve | quant | spec`: batch-1 decode speed; batched decode
+beside llama2.c's run.c and against torch's own matmul FLOP/s; a serving workload under several settings.
+Warm-up excluded, medians of several runs, every ratio measured side by side in one run."""
 from __future__ import annotations
 
 import argparse
@@ -51,7 +51,8 @@ def main(argv: list[str]) -> int:
     qb.add_argument("--windows", type=int, default=25, help="held-out windows of 256 tokens for perplexity")
     qb.add_argument("--quick", action="store_true", help="4 windows, 8 steps, batch 4, 1 repeat: a smoke test")
     qb.add_argument("--json", default=None)
-    sp = sub.add_parser("spec", help="speculative decoding: every proposer and gamma against plain decoding, batch 1 and up")
+    sp = sub.add_parser("spec",
+                        help="speculative decoding: every proposer and gamma against plain decoding, batch 1 and up")
     sp.add_argument("--model", default="shakespeare")
     sp.add_argument("--tokenizer", default=None)
     sp.add_argument("--prompts", type=int, default=32)
@@ -66,18 +67,22 @@ def main(argv: list[str]) -> int:
     d.add_argument("--threads", type=int, default=None)
     d.add_argument("--backend", default="torch", choices=["torch", "numba"])
     d.add_argument("--runc", default=None, help="a run.c binary you built, timed on the same file (-n steps, greedy)")
-    d.add_argument("--prompt", default="", help="the same prompt for both (run.c stops at BOS; a prompt keeps it going)")
+    d.add_argument("--prompt", default="",
+                   help="the same prompt for both (run.c stops at BOS; a prompt keeps it going)")
     d.add_argument("--quick", action="store_true", help="3 runs of 64 steps: a smoke test")
     d.add_argument("--json", default=None, help="also write the result to this file")
     a = ap.parse_args(argv)
     if a.what == "serve":
         n, L = (12, 128) if a.quick else (a.requests, a.max_model_len)
-        res = bench_serve(a.model, a.tokenizer, n, a.rate, a.kv_cache_bytes, L, a.max_num_seqs, a.prompt_median, a.output_median)
+        res = bench_serve(a.model, a.tokenizer, n, a.rate, a.kv_cache_bytes, L, a.max_num_seqs, a.prompt_median,
+                          a.output_median)
         w = res["workload"]
-        print(f"{n} requests at {a.rate:g}/s, prompts {w['prompt_tokens_median']:.0f} median / {w['prompt_tokens_mean']:.0f} mean "
-              f"tokens, outputs {w['output_tokens_median']:.0f} / {w['output_tokens_mean']:.0f}; max_model_len {res['max_model_len']}, "
+        print(f"{n} requests at {a.rate:g}/s, prompts {w['prompt_tokens_median']:.0f} median / "
+              f"{w['prompt_tokens_mean']:.0f} mean tokens, outputs {w['output_tokens_median']:.0f} / "
+              f"{w['output_tokens_mean']:.0f}; max_model_len {res['max_model_len']}, "
               f"KV {res['kv_cache_bytes'] / 2**20:.0f} MiB, max_num_seqs {res['max_num_seqs']}")
-        cols = ["throughput", "tokens_per_step", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "kv_waste", "peak_running", "preemptions", "cached_tokens"]
+        cols = ["throughput", "tokens_per_step", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "kv_waste",
+                "peak_running", "preemptions", "cached_tokens"]
         print(f"{'setting':<32}" + "".join(f"{c:>16}" for c in cols))
         for label, r in res["runs"].items():
             print(f"{label:<32}" + "".join(f"{r[c]:>16.4g}" for c in cols))
@@ -105,12 +110,13 @@ def main(argv: list[str]) -> int:
               f"{res['flop_s_median'] / 1e9:.2f} GFLOP/s = {res['flop_fraction']:.0%} of torch's matmuls on the same "
               f"shapes ({res['torch_matmul_flop_s'] / 1e9:.2f} GFLOP/s)")
         if a.runc:
-            print(f"run.c (batch 1): {res['runc_tok_s_median']:.0f} tok/s median; batched / run.c = {res['batched_over_runc']:.1f}x")
+            print(f"run.c (batch 1): {res['runc_tok_s_median']:.0f} tok/s median; "
+                  f"batched / run.c = {res['batched_over_runc']:.1f}x")
         return _write_json(res, a.json)
     steps, repeats = (64, 3) if a.quick else (a.steps, a.repeats)
     res = bench_decode(a.model, a.tokenizer, steps, repeats, a.threads, a.backend, a.runc, a.prompt)
-    print(f"decode {res['model']} ({a.backend}): {res['tok_s_median']:.1f} tok/s median over {repeats} runs of {res['steps']} "
-          f"steps (min {res['tok_s_min']:.1f}, max {res['tok_s_max']:.1f}; {res['threads']} threads)")
+    print(f"decode {res['model']} ({a.backend}): {res['tok_s_median']:.1f} tok/s median over {repeats} runs "
+          f"of {res['steps']} steps (min {res['tok_s_min']:.1f}, max {res['tok_s_max']:.1f}; {res['threads']} threads)")
     for part, us in res.get("profile_us_per_token", {}).items():
         print(f"  {part:<44} {us:8.0f} us/token")
     if a.runc:

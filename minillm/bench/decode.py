@@ -31,7 +31,9 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
         torch.set_num_threads(1)
     steps = min(steps, net.config.max_seq_len)
     greedy = RunCSampler(0.0, 0.9, 1)
-    run = lambda n: decode_loop(net, tok, greedy, prompt, n, write=None, stop_at_bos=False)[1]
+
+    def run(n):
+        return decode_loop(net, tok, greedy, prompt, n, write=None, stop_at_bos=False)[1]
     run(min(8, steps))  # warm-up: compilation (numba), allocation, first-call costs
     tk = tokenizer or os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
     rates, rc = [], []
@@ -43,8 +45,9 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
             rc.append(runc_tok_s(runc, model, tk, steps, prompt))
     res = {"bench": "decode", "model": str(model), "backend": backend, "steps": steps, "repeats": repeats,
            "threads": numba_threads() if backend == "numba" else torch.get_num_threads(),
-           "tok_s_median": statistics.median(rates), "tok_s_min": min(rates), "tok_s_max": max(rates), "tok_s_all": rates,
-           "params": net.config.num_params(), "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+           "tok_s_median": statistics.median(rates), "tok_s_min": min(rates), "tok_s_max": max(rates),
+           "tok_s_all": rates, "params": net.config.num_params(), "torch": torch.__version__,
+           "machine": platform.processor() or platform.machine(),
            "cpus": os.cpu_count()}
     if runc:
         res.update(runc=runc, runc_tok_s_median=statistics.median(rc), runc_tok_s_all=rc,
@@ -78,10 +81,10 @@ def numba_profile(net, us_per_token: float) -> dict:
     def matmuls(layers: bool):
         if not layers:
             return linear_cpu(x, w["wcls"], outs["wcls"])
-        for l in range(cfg.n_layers):
+        for li in range(cfg.n_layers):
             for k in ("wqkv", "wo", "w13"):
-                linear_cpu(x, w[k][l], outs[k])
-            linear_cpu(h, w["w2"][l], outs["w2"])
+                linear_cpu(x, w[k][li], outs[k])
+            linear_cpu(h, w["w2"][li], outs["w2"])
 
     timed = {}
     for name, layers in (("layer matmuls", True), ("classifier matmul", False)):

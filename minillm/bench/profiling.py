@@ -23,11 +23,11 @@ from typing import Optional
 
 import torch
 
-from ..llama.attention import AttentionMetadata
 from ..config import ModelConfig
+from ..llama.attention import AttentionMetadata
 from ..llama.kv_cache import KVCache
-from ..llama.transformer import Transformer
 from ..llama.tokenizer import BOS
+from ..llama.transformer import Transformer
 
 
 @contextlib.contextmanager

@@ -13,16 +13,17 @@ import statistics
 
 import torch
 
+from ..core.sampling import RunCSampler, SamplingParams
+from ..engine.runc import decode_loop
+from ..formats.loader import MODELS_DIR, load
 from ..llama.attention import AttentionMetadata
 from ..llama.kv_cache import KVCache
-from ..formats.loader import MODELS_DIR, load
-from ..quantization.quantize import quantize_model
 from ..quantization.calibration import with_outlier_channels
-from ..engine.runc import decode_loop
-from ..core.sampling import RunCSampler, SamplingParams
+from ..quantization.quantize import quantize_model
 
 # (label, quantization, quant_config, kv_cache_dtype)
-SCHEMES = [("fp32", None, None, "auto"), ("int8", "int8", None, "auto"), ("int4 g32", "int4", {"group_size": 32}, "auto"),
+SCHEMES = [("fp32", None, None, "auto"), ("int8", "int8", None, "auto"),
+           ("int4 g32", "int4", {"group_size": 32}, "auto"),
            ("int4 g128", "int4", {"group_size": 128}, "auto"), ("awq g32", "awq", {"group_size": 32}, "auto"),
            ("awq g128", "awq", {"group_size": 128}, "auto"), ("q8_0", "q8_0", None, "auto"),
            ("w8a8", "w8a8", None, "auto"), ("smoothquant", "smoothquant", {"alpha": 0.5}, "auto"),
@@ -71,7 +72,9 @@ def bench_quant(model: str = "shakespeare", tokenizer=None, steps: int = 64, bat
         src = twin if variant else net
         m = quantize_model(src, q, qcfg, tok)[0] if q else src
         kvd = torch.int8 if kv_dtype == "int8" else torch.float32
-        run = lambda n: decode_loop(m, tok, greedy, "", n, write=None, stop_at_bos=False)[1]
+
+        def run(n):
+            return decode_loop(m, tok, greedy, "", n, write=None, stop_at_bos=False)[1]
         run(4)
         one = statistics.median(run(steps) for _ in range(repeats))
         rates = []
@@ -88,17 +91,22 @@ def bench_quant(model: str = "shakespeare", tokenizer=None, steps: int = 64, bat
                        "decode_tok_s": one, "batched_tok_s": statistics.median(rates[1:])}
     base = rows[next(iter(rows))]
     for r in rows.values():
-        r.update(delta_ppl=r["perplexity"] / base["perplexity"] - 1, weight_ratio=r["weight_bytes"] / base["weight_bytes"],
+        r.update(delta_ppl=r["perplexity"] / base["perplexity"] - 1,
+                 weight_ratio=r["weight_bytes"] / base["weight_bytes"],
                  kv_ratio=r["kv_bytes_per_token"] / base["kv_bytes_per_token"],
-                 decode_speedup=r["decode_tok_s"] / base["decode_tok_s"], batched_speedup=r["batched_tok_s"] / base["batched_tok_s"])
+                 decode_speedup=r["decode_tok_s"] / base["decode_tok_s"],
+                 batched_speedup=r["batched_tok_s"] / base["batched_tok_s"])
     return {"bench": "quant", "model": str(model), "steps": steps, "batch": batch, "repeats": repeats,
             "windows": int(x.shape[0]), "threads": torch.get_num_threads(), "runs": rows}
 
 
 def print_table(res: dict):
-    cols = [("perplexity", "{:>11.3f}"), ("delta_ppl", "{:>+10.2%}"), ("weight_ratio", "{:>8.3f}"), ("kv_ratio", "{:>6.3f}"),
-            ("decode_tok_s", "{:>9.1f}"), ("decode_speedup", "{:>7.2f}x"), ("batched_tok_s", "{:>9.0f}"), ("batched_speedup", "{:>7.2f}x")]
-    print(f"{res['model']}: {res['windows']} held-out windows of 256; decode {res['steps']} steps; batched {res['batch']} sequences")
-    print(f"{'scheme':<24}{'ppl':>11}{'d ppl':>10}{'weights':>8}{'KV':>6}{'tok/s':>9}{'x fp32':>8}{'batched':>9}{'x fp32':>8}")
+    cols = [("perplexity", "{:>11.3f}"), ("delta_ppl", "{:>+10.2%}"), ("weight_ratio", "{:>8.3f}"),
+            ("kv_ratio", "{:>6.3f}"), ("decode_tok_s", "{:>9.1f}"), ("decode_speedup", "{:>7.2f}x"),
+            ("batched_tok_s", "{:>9.0f}"), ("batched_speedup", "{:>7.2f}x")]
+    print(f"{res['model']}: {res['windows']} held-out windows of 256; decode {res['steps']} steps; "
+          f"batched {res['batch']} sequences")
+    print(f"{'scheme':<24}{'ppl':>11}{'d ppl':>10}{'weights':>8}{'KV':>6}{'tok/s':>9}{'x fp32':>8}"
+          f"{'batched':>9}{'x fp32':>8}")
     for label, r in res["runs"].items():
         print(f"{label:<24}" + "".join(fmt.format(r[c]) for c, fmt in cols))

@@ -17,6 +17,7 @@ import torch
 from ..config import ModelConfig
 from .profiling import torch_threads
 
+
 def _median_seconds(fn, repeats: int, sync) -> float:
     """Median seconds of one fn() call: a warm-up call, then `repeats` samples, each looping fn often
     enough to last about a millisecond (a 10-microsecond matmul is below perf_counter's noise)."""

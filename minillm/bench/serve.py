@@ -63,7 +63,9 @@ def replay(model, tokenizer, workload: list[Request], label: str = "", return_en
     span = max(o.metrics.finished_time for o in outs) - min(r.arrival for r in workload)
     used = [s.kv_bytes_used for s in steps if s.kv_bytes_used]
     waste = float(np.mean([1 - s.kv_bytes_filled / s.kv_bytes_used for s in steps if s.kv_bytes_used])) if used else 0.0
-    pct = lambda xs, q: float(np.percentile(xs, q)) if xs else 0.0
+
+    def pct(xs, q):
+        return float(np.percentile(xs, q)) if xs else 0.0
     res = ServeResult(label, len(outs), n_out, span, n_out / span,
                       float(np.mean([s.num_prefill_tokens + s.num_decode_tokens for s in steps])),
                       pct(ttft, 50), pct(ttft, 99), pct(tpot, 50), pct(tpot, 99), waste,
@@ -103,8 +105,8 @@ def bench_serve(model: str, tokenizer=None, n: int = 64, rate: float = 50.0, kv_
     Defaults: lengths scale with max_model_len (prompt median 15%, output median 12.5% of it, log-normal
     sigma 0.8, so at 1024 about ShareGPT's scale as the vLLM paper reports it: prompts ~160, outputs
     ~130 tokens, a tail to 512); the KV budget holds 16 full-length sequences (the contiguous cache's
-    concurrency), so paged concurrency is bounded by max_num_seqs or by memory, whichever binds first; arrivals at `rate` per
-    second saturate the engine, so throughput measures the policy, not the arrival rate."""
+    concurrency), so paged concurrency is bounded by max_num_seqs or by memory, whichever binds first; arrivals
+    at `rate` per second saturate the engine, so throughput measures the policy, not the arrival rate."""
     net, tok = load(model, tokenizer)
     L = max_model_len or net.config.max_seq_len
     kv = kv_cache_bytes or 16 * L * net.config.kv_bytes_per_token(4)
@@ -116,16 +118,23 @@ def bench_serve(model: str, tokenizer=None, n: int = 64, rate: float = 50.0, kv_
     runs = [("continuous", wl, dict()), ("static", wl, dict(batching="static")),
             ("continuous, chunked prefill", wl, dict(enable_chunked_prefill=True, max_num_batched_tokens=256)),
             ("continuous, contiguous cache", wl, dict(block_size=L)),
-            ("shared prefix, no caching", shared, dict()), ("shared prefix, prefix caching", shared, dict(enable_prefix_caching=True))]
+            ("shared prefix, no caching", shared, dict()),
+            ("shared prefix, prefix caching", shared, dict(enable_prefix_caching=True))]
     res = {label: replay(net, tok, w, label, **common, **opt).as_dict() for label, w, opt in runs}
     ratios = {"continuous / static throughput": res["continuous"]["throughput"] / res["static"]["throughput"],
               "paged KV waste (block 16)": res["continuous"]["kv_waste"],
               "contiguous KV waste": res["continuous, contiguous cache"]["kv_waste"],
-              "paged / contiguous peak concurrency": res["continuous"]["peak_running"] / max(1, res["continuous, contiguous cache"]["peak_running"]),
-              "TTFT p50, no caching / prefix caching": res["shared prefix, no caching"]["ttft_p50"] / res["shared prefix, prefix caching"]["ttft_p50"]}
-    mean = lambda xs: float(np.mean(xs))
-    workload = {"prompt_tokens_mean": mean([len(r.prompt_ids) for r in wl]), "prompt_tokens_median": float(np.median([len(r.prompt_ids) for r in wl])),
-                "output_tokens_mean": mean([r.max_tokens for r in wl]), "output_tokens_median": float(np.median([r.max_tokens for r in wl])),
+              "paged / contiguous peak concurrency":
+                  res["continuous"]["peak_running"] / max(1, res["continuous, contiguous cache"]["peak_running"]),
+              "TTFT p50, no caching / prefix caching":
+                  res["shared prefix, no caching"]["ttft_p50"] / res["shared prefix, prefix caching"]["ttft_p50"]}
+
+    def mean(xs):
+        return float(np.mean(xs))
+    workload = {"prompt_tokens_mean": mean([len(r.prompt_ids) for r in wl]),
+                "prompt_tokens_median": float(np.median([len(r.prompt_ids) for r in wl])),
+                "output_tokens_mean": mean([r.max_tokens for r in wl]),
+                "output_tokens_median": float(np.median([r.max_tokens for r in wl])),
                 **lengths}
-    return {"bench": "serve", "model": str(model), "requests": n, "rate": rate, "kv_cache_bytes": kv, "max_model_len": L,
-            "max_num_seqs": max_num_seqs, "workload": workload, "runs": res, "ratios": ratios}
+    return {"bench": "serve", "model": str(model), "requests": n, "rate": rate, "kv_cache_bytes": kv,
+            "max_model_len": L, "max_num_seqs": max_num_seqs, "workload": workload, "runs": res, "ratios": ratios}

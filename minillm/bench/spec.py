@@ -50,10 +50,11 @@ def held_out_prompts(tok, n: int, length: int = 64) -> list[list[int]]:
 
 def run_once(model, tok, prompts, temperature: float, max_tokens: int, spec=None, batch: int = 1) -> dict:
     """One LLM, a warm-up request (compiles, fills caches), then every prompt; -> times and counters."""
-    from ..engine.llm import LLM
     from ..core.sampling import SamplingParams
+    from ..engine.llm import LLM
     llm = LLM(model, tokenizer=tok, max_num_seqs=batch, speculative=spec)
-    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=i) for i in range(len(prompts))]
+    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=i)
+              for i in range(len(prompts))]
     llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=99))
     eng = llm.engine
     eng.trace.steps.clear()
@@ -63,7 +64,8 @@ def run_once(model, tok, prompts, temperature: float, max_tokens: int, spec=None
     outs = llm.generate(prompts, params)
     wall = time.perf_counter() - t0
     dec = [s for s in eng.trace.steps if s.kind == "decode"]
-    return {"wall": wall, "decode_seconds": sum(s.seconds for s in dec), "step_mean": statistics.mean(s.seconds for s in dec),
+    return {"wall": wall, "decode_seconds": sum(s.seconds for s in dec),
+            "step_mean": statistics.mean(s.seconds for s in dec),
             "tokens": sum(len(o.outputs[0].token_ids) for o in outs), "outputs": [o.outputs[0].token_ids for o in outs],
             "steps": dec, "stats": dict(eng.spec_stats)}
 
@@ -75,7 +77,8 @@ def analyse(label: str, gamma: int, run: dict, plain: dict) -> dict:
     k_mean = sum(ks) / max(len(ks), 1)
     c = (st["draft_seconds"] / st["drafted"] / t1) if st["drafted"] else 0.0
     rows_per_step = st["rows"] / max(st["steps"], 1)
-    r = statistics.mean(s.seconds - s.draft_seconds for s in run["steps"]) / rows_per_step / t1 if batch_of(run) == 1 else float("nan")
+    r = (statistics.mean(s.seconds - s.draft_seconds for s in run["steps"]) / rows_per_step / t1
+         if batch_of(run) == 1 else float("nan"))
     e_k = sum(expected_tokens(alpha, k) for k in ks) / max(len(ks), 1)
     return {"proposer": label, "gamma": gamma, "alpha": alpha, "c": c, "r": r, "k_mean": k_mean,
             "tokens_per_step": st["emitted"] / max(st["rows"], 1), "expected_tokens": expected_tokens(alpha, gamma),
@@ -95,7 +98,8 @@ def bench_spec(model: str = "shakespeare", tokenizer=None, prompts: int = 32, ma
     rows, plains = [], {}
     for T in temperatures:
         plain = plains[T] = run_once(net, tok, ps, T, max_tokens)
-        log(f"T={T:g}: plain decode step {plain['step_mean'] * 1e3:.2f} ms, {plain['tokens'] / plain['wall']:.0f} tok/s")
+        log(f"T={T:g}: plain decode step {plain['step_mean'] * 1e3:.2f} ms, "
+            f"{plain['tokens'] / plain['wall']:.0f} tok/s")
         for label, spec, gammas in configs or CONFIGS:
             if spec["method"] == "medusa" and T > 0:
                 continue                                             # Medusa is built greedy-only
@@ -112,19 +116,22 @@ def bench_spec(model: str = "shakespeare", tokenizer=None, prompts: int = 32, ma
         plain = run_once(net, tok, ps, T, max_tokens, batch=b)
         sp = run_once(net, tok, ps, T, max_tokens, {**spec, "gamma": best["gamma"]}, batch=b)
         sweep.append({"batch": b, "plain_tok_s": plain["tokens"] / plain["decode_seconds"],
-                      "spec_tok_s": sp["tokens"] / sp["decode_seconds"], "speedup": plain["decode_seconds"] / sp["decode_seconds"]})
+                      "spec_tok_s": sp["tokens"] / sp["decode_seconds"],
+                      "speedup": plain["decode_seconds"] / sp["decode_seconds"]})
         log(f"  batch {b}: {best['proposer']} gamma {best['gamma']} at T={T:g}: {sweep[-1]['speedup']:.2f}x")
-    return {"bench": "spec", "model": str(model), "prompts": prompts, "prompt_tokens": len(ps[0]), "max_tokens": max_tokens,
-            "threads": torch.get_num_threads(), "t1_ms": {str(T): p["step_mean"] * 1e3 for T, p in plains.items()},
-            "rows": rows, "best": {k: best[k] for k in ("proposer", "gamma", "temperature", "measured", "wall_speedup")},
+    return {"bench": "spec", "model": str(model), "prompts": prompts, "prompt_tokens": len(ps[0]),
+            "max_tokens": max_tokens, "threads": torch.get_num_threads(),
+            "t1_ms": {str(T): p["step_mean"] * 1e3 for T, p in plains.items()},
+            "rows": rows,
+            "best": {k: best[k] for k in ("proposer", "gamma", "temperature", "measured", "wall_speedup")},
             "batch_sweep": sweep,
             "goals": {"within_15pct": all(abs(r["measured"] / r["predicted_k"] - 1) <= 0.15 for r in rows),
                       "best_at_least_2x": best["measured"] >= 2.0}}
 
 
 def print_table(res: dict):
-    print(f"{res['model']}: {res['prompts']} held-out prompts of {res['prompt_tokens']} tokens, {res['max_tokens']} new, "
-          f"batch 1, {res['threads']} threads; plain decode step " +
+    print(f"{res['model']}: {res['prompts']} held-out prompts of {res['prompt_tokens']} tokens, "
+          f"{res['max_tokens']} new, batch 1, {res['threads']} threads; plain decode step " +
           ", ".join(f"{v:.2f} ms at T={k}" for k, v in res["t1_ms"].items()))
     cols = ["alpha", "c", "r", "k_mean", "tokens_per_step", "predicted", "predicted_k", "measured", "wall_speedup"]
     print(f"{'T':>3} {'proposer':<14}{'gamma':>6}" + "".join(f"{c:>16}" for c in cols) + "  same output")
@@ -134,7 +141,8 @@ def print_table(res: dict):
     b = res["best"]
     print(f"the best configuration ({b['proposer']} gamma {b['gamma']}, T={b['temperature']:g}) as the batch grows:")
     for s in res["batch_sweep"]:
-        print(f"batch {s['batch']:>3}: plain {s['plain_tok_s']:8.0f} tok/s, speculative {s['spec_tok_s']:8.0f} tok/s, {s['speedup']:.2f}x")
+        print(f"batch {s['batch']:>3}: plain {s['plain_tok_s']:8.0f} tok/s, speculative {s['spec_tok_s']:8.0f} tok/s, "
+              f"{s['speedup']:.2f}x")
     b, g = res["best"], res["goals"]
     print(f"best: {b['proposer']} gamma {b['gamma']} at T={b['temperature']:g}: {b['measured']:.2f}x decode, "
           f"{b['wall_speedup']:.2f}x wall-clock; goals: measured within 15% of predicted_k for every row: "

@@ -7,8 +7,8 @@ before it, as vLLM does); it ends with "length" at max_tokens or at max_model_le
 """
 from __future__ import annotations
 
-from .sequence import Sequence
 from ..llama.tokenizer import BOS, EOS, Tokenizer
+from .sequence import Sequence
 
 
 class Detokenizer:

@@ -20,8 +20,8 @@ from typing import Optional
 import torch
 
 from ..llama.attention import AttentionMetadata
-from .batch import Draft, Row, ScheduledBatch
 from ..llama.kv_cache import KVCache, SwapSpace
+from .batch import Draft, Row, ScheduledBatch
 
 
 @dataclass

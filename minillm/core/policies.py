@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 
-from .batch import ScheduledBatch
 from ..config import EngineConfig
+from .batch import ScheduledBatch
 from .sequence import Status
 
 UNLIMITED = math.inf

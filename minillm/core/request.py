@@ -24,4 +24,5 @@ class Request:
     def output(self) -> RequestOutput:
         outs = [CompletionOutput(s.index, s.text, list(s.output_ids), s.finish_reason, s.stop_reason, s.error)
                 for s in self.seqs]
-        return RequestOutput(self.request_id, self.prompt, list(self.prompt_ids), outs, self.finished, self.seqs[0].metrics)
+        return RequestOutput(self.request_id, self.prompt, list(self.prompt_ids), outs, self.finished,
+                             self.seqs[0].metrics)

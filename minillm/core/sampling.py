@@ -15,7 +15,6 @@ import torch
 
 from ..config import _check_bool, _check_int, _check_list, _check_real, _is_int
 
-
 _SAMPLING_EPS = 1e-5
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Optional
 
+from ..config import EngineConfig
 from .batch import ScheduledBatch, Verdict
 from .block_manager import BlockManager
-from ..config import EngineConfig
 from .policies import SchedulingPolicy, make_policy
 from .sequence import Sequence, Status
 

@@ -95,8 +95,10 @@ class Trace:
             decoded = sum(len(r.seq.output_ids) - b if r.lookahead else 1
                           for r, b in zip(batch.rows, pending["before"]) if r.writes and not r.prefill)
             self.record(StepRecord(
-                step=self.count, kind=batch.kind, seq_ids=[r.seq.seq_id for r in rows] + [c.seq_id for _, c in batch.forks],
-                phases=phases, padding_ids=[s.seq_id for s in batch.padding], num_prefill_tokens=batch.num_prefill_tokens,
+                step=self.count, kind=batch.kind,
+                seq_ids=[r.seq.seq_id for r in rows] + [c.seq_id for _, c in batch.forks],
+                phases=phases, padding_ids=[s.seq_id for s in batch.padding],
+                num_prefill_tokens=batch.num_prefill_tokens,
                 num_decode_tokens=decoded, num_padding=len(batch.padding), blocks_used=pending["used"],
                 blocks_free=pending["free"], kv_bytes_used=pending["used"] * block_bytes,
                 kv_bytes_filled=pending["filled"] * block_bytes // block_size, start=start, seconds=end - start,

@@ -94,7 +94,8 @@ def verify_row(seq: Sequence, logits: torch.Tensor, draft: Optional[Draft], rule
         path = greedy_path(draft, nxt)
         last = path[-1] + 1 if path else 0
         if draft.is_chain:
-            drafted, terms = list(draft.tokens), [float(draft.tokens[i] == nxt[i]) for i in range(min(len(path) + 1, k))]
+            drafted = list(draft.tokens)
+            terms = [float(draft.tokens[i] == nxt[i]) for i in range(min(len(path) + 1, k))]
         else:                                    # the accepted path, then the best-ranked child turned down
             refused = next((c for c, p in enumerate(draft.parents) if p == last - 1), None)
             drafted = [draft.tokens[a] for a in path] + ([draft.tokens[refused]] if refused is not None else [])

@@ -26,22 +26,24 @@ from ..core.batch import ScheduledBatch
 from ..core.detokenizer import Detokenizer
 from ..core.model_runner import ModelRunner
 from ..core.outputs import RequestOutput
-from .parts import Parts, prepare
 from ..core.request import Request
 from ..core.sampling import SamplingParams
 from ..core.scheduler import Scheduler
 from ..core.sequence import Sequence
 from ..core.trace import BlockSnapshot, Trace, block_snapshot
 from ..core.verify import verify
+from .parts import Parts, prepare
 
 
 class LLMEngine:
     def __init__(self, parts: Parts, clock: Optional[Callable[[], float]] = None):
         self.parts, self.config = parts, parts.config
-        self.model, self.tokenizer, self.kv, self.block_manager = parts.model, parts.tokenizer, parts.kv, parts.block_manager
+        self.model, self.tokenizer = parts.model, parts.tokenizer
+        self.kv, self.block_manager = parts.kv, parts.block_manager
         self.proposer, self.verify_rule, self.quant_report = parts.proposer, parts.verify, parts.quant_report
         self.clock = clock or time.perf_counter
-        self.scheduler = Scheduler(self.config, self.block_manager, self.clock, Detokenizer(self.tokenizer, self.config.max_model_len),
+        self.scheduler = Scheduler(self.config, self.block_manager, self.clock,
+                                   Detokenizer(self.tokenizer, self.config.max_model_len),
                                    parts.policy, slots=self.proposer.num_slots)
         self.runner = ModelRunner(parts.forward, self.kv, parts.swap, hidden=self.proposer.needs_hidden)
         self.trace = Trace(self.config.trace, block_bytes=self.kv.nbytes // self.kv.num_blocks,
@@ -51,7 +53,8 @@ class LLMEngine:
 
     @classmethod
     def from_model(cls, model, tokenizer, config, clock: Optional[Callable[[], float]] = None, **seams) -> "LLMEngine":
-        """Prepare the parts (minillm.engine.parts.prepare: quantize, backend, KV pool, proposer ...) and build an engine."""
+        """Prepare the parts (minillm.engine.parts.prepare: quantize, backend, KV pool, proposer ...) and build
+        an engine."""
         return cls(prepare(model, tokenizer, config, **seams), clock)
 
     # ------------------------------------------------------------------ requests
@@ -117,8 +120,9 @@ class LLMEngine:
         forever (n > 1 samples need not fit at once: preemption runs them in turn). So is one the speculative
         method cannot serve (Medusa verifies a tree greedily)."""
         if self.proposer.needs_hidden and not params.greedy:
-            raise ValueError(f"speculative method 'medusa' verifies its candidate tree greedily: it needs temperature=0, "
-                             f"got temperature={params.temperature} (use method 'draft' or 'ngram' to sample)")
+            raise ValueError("speculative method 'medusa' verifies its candidate tree greedily: "
+                             f"it needs temperature=0, got temperature={params.temperature} "
+                             "(use method 'draft' or 'ngram' to sample)")
         bs = self.config.block_size
         need = -(-min(prompt_len + params.max_tokens, self.config.max_model_len) // bs)
         if need > self.block_manager.num_blocks:

@@ -9,12 +9,12 @@ from dataclasses import fields
 from typing import Optional, Union
 
 from ..config import EngineConfig
-from .engine import LLMEngine
-from ..formats.loader import load
 from ..core.outputs import RequestOutput
-from .parts import SEAMS, prepare
-from ..progress import progress
 from ..core.sampling import SamplingParams
+from ..formats.loader import load
+from ..progress import progress
+from .engine import LLMEngine
+from .parts import SEAMS, prepare
 
 
 class LLM:

@@ -18,12 +18,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..backends.capabilities import backend_model, check_backend
-from ..core.block_manager import BlockManager
 from ..config import EngineConfig
-from ..llama.kv_cache import KVCache, SwapSpace
+from ..core.block_manager import BlockManager
 from ..core.policies import SchedulingPolicy, make_policy
 from ..core.proposer import Proposer
 from ..core.verify import verify_sampled
+from ..llama.kv_cache import KVCache, SwapSpace
 
 SEAMS = ("policy", "block_manager", "proposer", "verify")
 
@@ -91,16 +91,17 @@ def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Prop
     from ..spec_decode.config import make_proposer
     if spec.method == "draft":
         from ..formats.loader import load
-        from ..llama.transformer import Transformer
         from ..llama.tokenizer import same_tokenizer
+        from ..llama.transformer import Transformer
         if isinstance(spec.model, Transformer):
             draft, draft_tok = spec.model, tokenizer
         else:
             draft, draft_tok = load(spec.model or "shakespeare-draft", None, config.dtype, config.seed)
         if not same_tokenizer(draft_tok, tokenizer) or draft.config.vocab_size != model.config.vocab_size:
-            raise ValueError(f"the draft model {spec.model or 'shakespeare-draft'!r} uses a different tokenizer from the "
-                             f"target's (vocab {draft.config.vocab_size} vs {model.config.vocab_size}, or different "
-                             f"tokens): speculative decoding verifies token ids, so both must share one tokenizer")
+            raise ValueError(f"the draft model {spec.model or 'shakespeare-draft'!r} uses a different tokenizer "
+                             f"from the target's (vocab {draft.config.vocab_size} vs {model.config.vocab_size}, "
+                             f"or different tokens): speculative decoding verifies token ids, so both must share "
+                             f"one tokenizer")
         if draft.config.max_seq_len < config.max_model_len:
             raise ValueError(f"the draft model's context max_seq_len={draft.config.max_seq_len} is shorter than "
                              f"max_model_len={config.max_model_len}")
@@ -115,8 +116,8 @@ def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Prop
     heads = None
     if spec.method == "medusa":
         from ..formats.loader import MODELS_DIR
-        from ..spec_decode.medusa_tree import DEFAULT_CHOICES, build_tree
         from ..spec_decode.medusa_heads import load_medusa
+        from ..spec_decode.medusa_tree import DEFAULT_CHOICES, build_tree
         heads = load_medusa(spec.heads or os.path.join(MODELS_DIR, "shakespeare-medusa.bin"), model)
         choices = [tuple(c) for c in (spec.tree or DEFAULT_CHOICES)]
         build_tree(0, torch.zeros(heads.weight.shape[0], model.config.vocab_size), choices)  # validates the tree now

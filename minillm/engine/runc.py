@@ -16,11 +16,11 @@ import time
 
 import torch
 
-from ..llama.attention import AttentionMetadata
-from ..llama.kv_cache import KVCache
-from ..formats.loader import load_checkpoint
 from ..backends.capabilities import backend_model
 from ..core.sampling import RunCSampler
+from ..formats.loader import load_checkpoint
+from ..llama.attention import AttentionMetadata
+from ..llama.kv_cache import KVCache
 from ..llama.tokenizer import BOS, Tokenizer
 
 
@@ -69,7 +69,8 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(usage)
         return 1
-    ckpt, backend, opts = argv[0], "torch", {"t": "1.0", "p": "0.9", "s": "0", "n": "256", "i": "", "z": "tokenizer.bin", "m": "generate"}
+    ckpt, backend = argv[0], "torch"
+    opts = {"t": "1.0", "p": "0.9", "s": "0", "n": "256", "i": "", "z": "tokenizer.bin", "m": "generate"}
     rest = argv[1:]
     if len(rest) % 2:
         sys.stderr.write(usage)
@@ -105,7 +106,9 @@ def main(argv: list[str]) -> int:
     tokenizer = Tokenizer.load(opts["z"], model.config.vocab_size)
     if backend == "torch":
         torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
-    stdout = lambda b: (sys.stdout.buffer.write(b), sys.stdout.buffer.flush())
+
+    def stdout(b):
+        return sys.stdout.buffer.write(b), sys.stdout.buffer.flush()
     _, tok_s = decode_loop(model, tokenizer, RunCSampler(temperature, topp, seed), opts["i"], int(opts["n"]), stdout)
     if tok_s:
         sys.stderr.write(f"achieved tok/s: {tok_s:f}\n")

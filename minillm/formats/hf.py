@@ -48,7 +48,8 @@ def is_hf_dir(path) -> bool:
 # Every check names the file, the field and the value: a hand-edited config fails here, not as a KeyError,
 # a TypeError from "256" // 4 or a ZeroDivisionError deep in the model.
 REQUIRED = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
-_JSON_TYPES = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
+_JSON_TYPES = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
 
 
 def read_json(file) -> dict:
@@ -79,7 +80,8 @@ def _field(c: dict, file, name: str, check, default=None):
     """c[name] through check. A required field must be there; an optional one missing (or null) is `default`."""
     if name in REQUIRED:
         if name not in c:
-            raise ValueError(f"{file}: required field {name!r} is missing (a Llama config.json has {', '.join(REQUIRED)})")
+            raise ValueError(f"{file}: required field {name!r} is missing "
+                             f"(a Llama config.json has {', '.join(REQUIRED)})")
         return check(file, name, c[name])
     return default if c.get(name) is None else check(file, name, c[name])
 
@@ -104,7 +106,8 @@ def read_config(path) -> ModelConfig:
         theta = _positive_float(cfg_path, f"{rope_key}.rope_theta", rope["rope_theta"])
     else:
         theta = _field(c, cfg_path, "rope_theta", _positive_float, 10000.0)
-    dim, heads = _field(c, cfg_path, "hidden_size", _positive_int), _field(c, cfg_path, "num_attention_heads", _positive_int)
+    dim = _field(c, cfg_path, "hidden_size", _positive_int)
+    heads = _field(c, cfg_path, "num_attention_heads", _positive_int)
     head_dim = _field(c, cfg_path, "head_dim", _positive_int, dim // heads)
     if head_dim * heads != dim:
         raise ValueError(f"{cfg_path}: head_dim={head_dim} x heads={heads} != hidden_size={dim}; "
@@ -117,7 +120,8 @@ def read_config(path) -> ModelConfig:
                  n_kv_heads=_field(c, cfg_path, "num_key_value_heads", _positive_int, heads),
                  vocab_size=_field(c, cfg_path, "vocab_size", _positive_int),
                  max_seq_len=_field(c, cfg_path, "max_position_embeddings", _positive_int, 2048),
-                 rope_theta=theta, norm_eps=_field(c, cfg_path, "rms_norm_eps", _positive_float, 1e-6), shared_classifier=tie)
+                 rope_theta=theta, norm_eps=_field(c, cfg_path, "rms_norm_eps", _positive_float, 1e-6),
+                 shared_classifier=tie)
     try:
         return ModelConfig(**shape)
     except ValueError as e:  # what only the combination breaks, e.g. n_heads=4 is not divisible by n_kv_heads=3
@@ -146,7 +150,8 @@ def _shards(path) -> list[str]:
     shards = sorted(set(weight_map.values()))
     for shard in shards:
         norm = os.path.normpath(shard)
-        if os.path.isabs(shard) or os.path.splitdrive(shard)[0] or norm == os.pardir or norm.startswith(os.pardir + os.sep):
+        if (os.path.isabs(shard) or os.path.splitdrive(shard)[0] or norm == os.pardir
+                or norm.startswith(os.pardir + os.sep)):
             raise ValueError(f"{index_file}: shard {shard!r} is outside the model directory {path}; "
                              f"shards must be files inside it")
     return [os.path.join(path, shard) for shard in shards]
@@ -198,7 +203,8 @@ def load_hf(path) -> Transformer:
 
     if "lm_head.weight" not in hf:
         cfg.shared_classifier = True
-    state = {"tok_embeddings.weight": take("embed_tokens.weight", "embed_tokens"), "norm.weight": take("norm.weight", "norm")}
+    state = {"tok_embeddings.weight": take("embed_tokens.weight", "embed_tokens"),
+             "norm.weight": take("norm.weight", "norm")}
     for i in range(cfg.n_layers):
         for theirs, ours in _NAMES.items():
             w = take(f"layers.{i}.{theirs}.weight", theirs)

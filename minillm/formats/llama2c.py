@@ -31,7 +31,8 @@ _RUNQ_VERSION = 2
 # check multiplies, so a header is checked against the file without building anything of its size.
 _V0_TENSORS = [("tok_emb", ("vocab_size", "dim")), ("rms_att", ("n_layers", "dim")),
                ("wq", ("n_layers", "dim", "dim")), ("wk", ("n_layers", "kv_dim", "dim")),
-               ("wv", ("n_layers", "kv_dim", "dim")), ("wo", ("n_layers", "dim", "dim")), ("rms_ffn", ("n_layers", "dim")),
+               ("wv", ("n_layers", "kv_dim", "dim")), ("wo", ("n_layers", "dim", "dim")),
+               ("rms_ffn", ("n_layers", "dim")),
                ("w1", ("n_layers", "hidden_dim", "dim")), ("w2", ("n_layers", "dim", "hidden_dim")),
                ("w3", ("n_layers", "hidden_dim", "dim")), ("rms_final", ("dim",)),
                ("freq_cis_real", ("max_seq_len", "half_head_dim")), ("freq_cis_imag", ("max_seq_len", "half_head_dim"))]
@@ -41,10 +42,12 @@ _V0_CLASSIFIER = ("wcls", ("vocab_size", "dim"))
 def _layout(cfg: ModelConfig):
     """(name in our state_dict, or a list of per-layer names, or "#..." for legacy filler; shape) in file order.
     Builds a name per layer: only for a header that check_size has matched to its file."""
-    C, Hd, L, KV, V, S, D = cfg.dim, cfg.hidden_dim, cfg.n_layers, cfg.kv_dim, cfg.vocab_size, cfg.max_seq_len, cfg.head_dim
+    C, Hd, L, KV = cfg.dim, cfg.hidden_dim, cfg.n_layers, cfg.kv_dim
+    V, S, D = cfg.vocab_size, cfg.max_seq_len, cfg.head_dim
     per_layer = [("attention_norm.weight", (C,)), ("attention.wq.weight", (C, C)), ("attention.wk.weight", (KV, C)),
                  ("attention.wv.weight", (KV, C)), ("attention.wo.weight", (C, C)), ("ffn_norm.weight", (C,)),
-                 ("feed_forward.w1.weight", (Hd, C)), ("feed_forward.w2.weight", (C, Hd)), ("feed_forward.w3.weight", (Hd, C))]
+                 ("feed_forward.w1.weight", (Hd, C)), ("feed_forward.w2.weight", (C, Hd)),
+                 ("feed_forward.w3.weight", (Hd, C))]
     out = [("tok_embeddings.weight", (V, C))]
     out += [([f"layers.{i}.{name}" for i in range(L)], shape) for name, shape in per_layer]
     out += [("norm.weight", (C,)), ("#freq_cis_real", (S, D // 2)), ("#freq_cis_imag", (S, D // 2))]
@@ -102,7 +105,8 @@ def read_header(path) -> ModelConfig:
         version = struct.unpack_from("<i", head, 4)[0]
         if version == _RUNQ_VERSION:  # sniffing formats is loader.load_checkpoint's job; say where to go
             raise ValueError(f"{path}: a runq.c version-2 (Q8_0) file (magic 'ak42'); read it with minillm.load or "
-                             f"minillm.formats.runq.load_runq (minillm.formats.loader.load_checkpoint takes either format)")
+                             f"minillm.formats.runq.load_runq "
+                             f"(minillm.formats.loader.load_checkpoint takes either format)")
         raise ValueError(f"{path}: a llama2.c version-{version} export (magic 'ak42'); this reader takes "
                          f"the legacy v0 format that run.c reads (export with --version 0)")
     dim, hidden, layers, heads, kv_heads, vocab, seq_len = HEADER.unpack(head)

@@ -16,14 +16,14 @@ import os
 
 import torch
 
-from ..llama.bpe import train_bpe
-from .llama2c import load_bin
 from ..config import PRESETS, ModelConfig
-from .hf import HFTokenizer, is_hf_dir, load_hf
+from ..llama.bpe import train_bpe
+from ..llama.tokenizer import Tokenizer
 from ..llama.transformer import Transformer
 from ..paths import MODELS_DIR, PACKAGE_DIR, SAMPLE_TEXT  # noqa: F401 - re-exported: `from .loader import MODELS_DIR`
+from .hf import HFTokenizer, is_hf_dir, load_hf
+from .llama2c import load_bin
 from .runq import is_runq, load_runq
-from ..llama.tokenizer import Tokenizer
 
 # name -> (checkpoint file, tokenizer file), relative to minillm/models (see MODEL_CARD.md there)
 REGISTRY: dict[str, tuple[str, str]] = {
@@ -121,7 +121,8 @@ def load(model, tokenizer=None, dtype: str = "float32", seed: int = 0):
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(tokenizer, net.config.vocab_size)
     if tokenizer.vocab_size != net.config.vocab_size and not isinstance(tokenizer, HFTokenizer):
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is {net.config.vocab_size}")
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+                         f"{net.config.vocab_size}")
     if dtype not in ("float32", "float16", "bfloat16", "float64"):
         raise ValueError(f"dtype={dtype!r} is not one of float32, float16, bfloat16, float64")
     if isinstance(model, Transformer) and next(net.parameters()).dtype != getattr(torch, dtype):

@@ -18,10 +18,10 @@ import struct
 import numpy as np
 import torch
 
-from .llama2c import check_size, shape_fields
 from ..config import ModelConfig
-from ..llama.transformer import Transformer
 from ..llama.linears import Q80Linear, q80_group_size, q80_quantize
+from ..llama.transformer import Transformer
+from .llama2c import check_size, shape_fields
 
 MAGIC, VERSION, HEADER_BYTES = 0x616B3432, 2, 256
 _HEAD = struct.Struct("<Ii7iBi")           # magic, version, 7 config ints, shared flag, group size (offset 37)
@@ -49,7 +49,9 @@ def save_runq(model: Transformer, path, group_size: int | None = None) -> dict:
             raise ValueError(f"Q8_0 group size {gs} does not divide {name}={n}")
     head = _HEAD.pack(MAGIC, VERSION, cfg.dim, cfg.hidden_dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
                       cfg.vocab_size, cfg.max_seq_len, int(cfg.shared_classifier), gs)
-    f32 = lambda t: t.detach().float().contiguous().numpy().tobytes()
+
+    def f32(t):
+        return t.detach().float().contiguous().numpy().tobytes()
     errors = {}
     with open(path, "wb") as f:
         f.write(head + b"\0" * (HEADER_BYTES - len(head)))
@@ -70,12 +72,15 @@ def save_runq(model: Transformer, path, group_size: int | None = None) -> dict:
 def _tensors(cfg: ModelConfig, gs: int):
     """The file's tensors after the header, their shapes as header fields (checkpoint.check_size's terms):
     the norms in float32, then Q8_0 ones, each n int8 values and n / gs float32 scales."""
-    q80 = lambda n: n + 4 * (n // gs)
+
+    def q80(n):
+        return n + 4 * (n // gs)
     norms = [("rms_att", ("n_layers", "dim")), ("rms_ffn", ("n_layers", "dim")), ("rms_final", ("dim",))]
-    quantized = [("tok_emb", ("vocab_size", "dim")), ("wq", ("n_layers", "dim", "dim")), ("wk", ("n_layers", "kv_dim", "dim")),
-                 ("wv", ("n_layers", "kv_dim", "dim")), ("wo", ("n_layers", "dim", "dim")),
-                 ("w1", ("n_layers", "hidden_dim", "dim")), ("w2", ("n_layers", "dim", "hidden_dim")),
-                 ("w3", ("n_layers", "hidden_dim", "dim"))] + ([] if cfg.shared_classifier else [("wcls", ("vocab_size", "dim"))])
+    quantized = [("tok_emb", ("vocab_size", "dim")), ("wq", ("n_layers", "dim", "dim")),
+                 ("wk", ("n_layers", "kv_dim", "dim")), ("wv", ("n_layers", "kv_dim", "dim")),
+                 ("wo", ("n_layers", "dim", "dim")), ("w1", ("n_layers", "hidden_dim", "dim")),
+                 ("w2", ("n_layers", "dim", "hidden_dim")), ("w3", ("n_layers", "hidden_dim", "dim"))]
+    quantized += [] if cfg.shared_classifier else [("wcls", ("vocab_size", "dim"))]
     return norms + [(name, shape, q80) for name, shape in quantized]
 
 
@@ -99,7 +104,8 @@ def read_runq_header(path) -> tuple[ModelConfig, int]:
         cfg = ModelConfig(dim=dim, hidden_dim=hidden, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
                           vocab_size=vocab, max_seq_len=seq_len, shared_classifier=bool(shared))
     except ValueError as e:
-        raise ValueError(f"{path}: not a runq.c checkpoint, its header says {_HEAD.unpack_from(head)[2:]}: {e}") from None
+        raise ValueError(f"{path}: not a runq.c checkpoint, its header says {_HEAD.unpack_from(head)[2:]}: "
+                         f"{e}") from None
     if gs < 1 or dim % gs or hidden % gs:
         raise ValueError(f"{path}: group size {gs} does not divide dim={dim} and hidden_dim={hidden}")
     check_size(path, size, shape_fields(cfg), _tensors(cfg, gs), HEADER_BYTES)

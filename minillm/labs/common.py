@@ -50,4 +50,5 @@ def _close(name, got, want, atol=1e-5, rtol=1e-5):
     got = torch.as_tensor(got)
     assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     err = (got.double() - want.double()).abs().max().item()
-    assert torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol), f"{name}: max abs error {err:.3g} (tolerance {atol:g})"
+    assert torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol), \
+        f"{name}: max abs error {err:.3g} (tolerance {atol:g})"

@@ -38,7 +38,9 @@ def _launch_kernel(fn, griddim, blockdim, *args):
     import sys
 
     from minillm.kernels import cuda, gpu_available, simulating
-    pad = lambda d: tuple(d) + (1,) * (3 - len(d))
+
+    def pad(d):
+        return tuple(d) + (1,) * (3 - len(d))
     griddim, blockdim = pad(griddim), pad(blockdim)
     if simulating() or gpu_available():
         cuda().jit(fn)[griddim, blockdim](*args)

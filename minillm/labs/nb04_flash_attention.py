@@ -20,9 +20,11 @@ def check_online_softmax_update(fn):
         m, d = -math.inf, 0.0
         for (i, m_ref, d_ref), x in zip(online_softmax_steps(xs), xs):
             m, d = (float(v) for v in fn(m, d, float(x)))
-            assert math.isclose(m, m_ref, rel_tol=1e-12), f"{name}, after element {i}: m = {m:.6g}, expected {m_ref:.6g}"
+            assert math.isclose(m, m_ref, rel_tol=1e-12), \
+                f"{name}, after element {i}: m = {m:.6g}, expected {m_ref:.6g}"
             assert math.isclose(d, d_ref, rel_tol=1e-6), \
-                f"{name}, after element {i}: d = {d:.6g}, expected {d_ref:.6g} (is the old sum rescaled when the max rises?)"
+                f"{name}, after element {i}: d = {d:.6g}, expected {d_ref:.6g} " \
+                "(is the old sum rescaled when the max rises?)"
         if name == "7 random values":                       # (m, d) is all the softmax needs
             want = softmax_cpu(xs.astype(np.float32)[None])[0]
             got = np.exp(xs - m) / d

@@ -6,8 +6,8 @@ from .common import checker
 
 def _engine_static_steps(lengths, max_num_seqs) -> int:
     """Model calls the engine makes to serve these output lengths under static batching, all arriving at once."""
-    from ..engine.llm import LLM
     from ..core.sampling import SamplingParams
+    from ..engine.llm import LLM
     llm = LLM("random:tiny", batching="static", max_num_seqs=max_num_seqs, max_model_len=64)
     llm.generate([[1, 300 + i] for i in range(len(lengths))],
                  [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths])
@@ -31,7 +31,8 @@ def check_latency_metrics(fn):
     for arrival, times in cases:
         ttft, tpot = fn(arrival, list(times))
         want_tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-        assert abs(ttft - (times[0] - arrival)) < 1e-12, f"arrival {arrival}, tokens at {times}: TTFT {ttft}, expected {times[0] - arrival}"
+        assert abs(ttft - (times[0] - arrival)) < 1e-12, \
+            f"arrival {arrival}, tokens at {times}: TTFT {ttft}, expected {times[0] - arrival}"
         assert (tpot is None) == (want_tpot is None) and (tpot is None or abs(tpot - want_tpot) < 1e-12), \
             f"tokens at {times}: TPOT {tpot}, expected {want_tpot}"
     return "TTFT = first token - arrival; TPOT = mean gap between later tokens (as minillm.bench.serve)"

@@ -24,15 +24,17 @@ def check_wasted_slots(fn):
 def check_prefix_hit_tokens(fn):
     """fn(first_prompt, second_prompt, block_size) -> tokens of the second prompt served from the prefix cache
     after the first has run (ids lists)"""
-    from ..engine.llm import LLM
     from ..core.sampling import SamplingParams
+    from ..engine.llm import LLM
     a = [1] + list(range(300, 337))                       # 38 tokens
-    cases = [(a, a[:30] + [400, 401], 8), (a, a + [402], 8), (a, a[:5] + [403] * 20, 4), (a, a[:20], 16), (a, list(a), 4)]
+    cases = [(a, a[:30] + [400, 401], 8), (a, a + [402], 8), (a, a[:5] + [403] * 20, 4), (a, a[:20], 16),
+             (a, list(a), 4)]
     for first, second, bs in cases:
         llm = LLM("random:tiny", block_size=bs, enable_prefix_caching=True, max_model_len=64)
         one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
         llm.generate([first], one)
         want = llm.generate([second], one)[0].metrics.num_cached_tokens
         got = fn(list(first), list(second), bs)
-        assert got == want, f"first {len(first)} tokens, second {len(second)}, block_size {bs}: got {got}, the engine reused {want}"
+        assert got == want, \
+            f"first {len(first)} tokens, second {len(second)}, block_size {bs}: got {got}, the engine reused {want}"
     return "whole blocks of the shared prefix, never the second prompt's last token"

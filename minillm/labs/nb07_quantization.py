@@ -21,12 +21,15 @@ def check_quantize_int8_row(fn):
         s = float(s)
         assert q.shape == (w.numel(),), f"K={w.numel()}: q has shape {tuple(q.shape)}, expected ({w.numel()},)"
         assert abs(s - float(want_s[0])) <= 1e-6 * float(want_s[0]) + 1e-12, \
-            f"K={w.numel()}, max |w|={w.abs().max().item():.3g}: scale {s:.6g}, expected max|w|/127 = {float(want_s[0]):.6g}"
+            f"K={w.numel()}, max |w|={w.abs().max().item():.3g}: scale {s:.6g}, " \
+            f"expected max|w|/127 = {float(want_s[0]):.6g}"
         assert (q == q.round()).all() and q.abs().max() <= 127, f"K={w.numel()}: q must be integers in [-127, 127]"
         off = (q - torch.from_numpy(want_q[0]).double()).abs()
-        assert off.max() <= 1 and (off > 0).sum() <= 1, f"K={w.numel()}: q differs from round(w / scale) in {(off > 0).sum()} places"
+        assert off.max() <= 1 and (off > 0).sum() <= 1, \
+            f"K={w.numel()}: q differs from round(w / scale) in {(off > 0).sum()} places"
         err = (q * s - w.double()).abs().max().item()
-        assert err <= s / 2 * (1 + 1e-4) + 1e-12, f"K={w.numel()}: max error {err:.3g} is more than half a step ({s / 2:.3g})"
+        assert err <= s / 2 * (1 + 1e-4) + 1e-12, \
+            f"K={w.numel()}: max error {err:.3g} is more than half a step ({s / 2:.3g})"
     return "scale = max|w| / 127, q = round(w / scale), error within half a step; an all-zero row stays zero"
 
 
@@ -42,4 +45,5 @@ def check_smooth_factor(fn):
         want = smoothing_factors(act, w, alpha)
         got = torch.as_tensor(fn(act.clone(), w.abs().amax(0), alpha))
         _close(f"K={K}, alpha={alpha}", got, want, atol=1e-6, rtol=1e-5)
-    return "matches minillm.quantization.calibration.smoothing_factors: alpha = 0 puts all the range on the weights, 1 on the activations"
+    return ("matches minillm.quantization.calibration.smoothing_factors: alpha = 0 puts all the range on the "
+            "weights, 1 on the activations")

@@ -16,8 +16,10 @@ def check_residual(fn):
         q = torch.softmax(torch.randn(V, generator=g, dtype=torch.float64), -1)
         _close(f"V={V}", torch.as_tensor(fn(p.clone(), q.clone()), dtype=torch.float64), residual(p, q, 0), atol=1e-12)
     p = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
-    _close("p == q (empty residual: fall back to p)", torch.as_tensor(fn(p.clone(), p.clone()), dtype=torch.float64), p, atol=1e-12)
-    return "matches minillm.spec_decode.config.residual: rejected mass goes where the target wants more than the draft gave"
+    _close("p == q (empty residual: fall back to p)", torch.as_tensor(fn(p.clone(), p.clone()), dtype=torch.float64),
+           p, atol=1e-12)
+    return ("matches minillm.spec_decode.config.residual: rejected mass goes where the target wants more than "
+            "the draft gave")
 
 
 @checker

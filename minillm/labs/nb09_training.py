@@ -14,7 +14,8 @@ def check_lr_schedule(fn):
         tc = TrainConfig(lr=lr, min_lr=lo, warmup_steps=w, max_steps=m)
         for step in sorted({0, w - 1, w, (w + m) // 2, m - 1, m, m + 5}):
             got, want = fn(step, lr, lo, w, m), lr_at(step, tc)
-            assert abs(got - want) <= 1e-9 + 1e-6 * abs(want), f"step {step} (lr={lr}, warmup={w}, max={m}): got {got}, expected {want}"
+            assert abs(got - want) <= 1e-9 + 1e-6 * abs(want), \
+                f"step {step} (lr={lr}, warmup={w}, max={m}): got {got}, expected {want}"
     return "warm-up, cosine decay and the floor after max_steps all match minillm.training.train.lr_at"
 
 
@@ -41,5 +42,6 @@ def check_alpha(fn):
         want = torch.minimum(p, q).sum(-1).mean()
         _close(f"N={N}, V={V}", torch.as_tensor(fn(p, q), dtype=torch.float64).reshape(()), want.reshape(()), atol=1e-9)
     p = torch.softmax(torch.randn(3, 9, generator=g, dtype=torch.float64), -1)
-    _close("alpha(p, p)", torch.as_tensor(fn(p, p), dtype=torch.float64).reshape(()), torch.tensor(1.0, dtype=torch.float64), atol=1e-9)
+    _close("alpha(p, p)", torch.as_tensor(fn(p, p), dtype=torch.float64).reshape(()),
+           torch.tensor(1.0, dtype=torch.float64), atol=1e-9)
     return "alpha = E[sum_x min(p, q)], and 1 for a draft equal to the target"

@@ -61,7 +61,8 @@ def paged_attention(q, k_pool, v_pool, attn: AttentionMetadata, k_scale=None, v_
         k = k * gather_kv(k_scale[..., None], attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
         v = v * gather_kv(v_scale[..., None], attn.block_tables, n_ctx).to(q.dtype)  # (B, S, Hkv, D)
     j = torch.arange(n_ctx, device=q.device)                      # (S,)
-    allowed = (j[None, None, :] <= attn.positions[:, :, None]) & (j[None, None, :] < attn.context_lens[:, None, None])  # (B, T, S)
+    # (B, T, S)
+    allowed = (j[None, None, :] <= attn.positions[:, :, None]) & (j[None, None, :] < attn.context_lens[:, None, None])
     if attn.tree_mask is not None:                                # the new tokens are a tree, not a chain
         B, T = attn.positions.shape
         rel = j[None, None, :] - attn.positions[:, :1, None]      # (B, 1, S) a key's index among the new tokens
@@ -69,4 +70,5 @@ def paged_attention(q, k_pool, v_pool, attn: AttentionMetadata, k_scale=None, v_
         allowed = allowed & ((rel < 0) | tree)
     y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=allowed[:, None], enable_gqa=True)  # (B, H, T, D)
-    return torch.nan_to_num(y.transpose(1, 2))                    # (B, T, H, D); a padded query row that sees no key: zeros
+    # a padded query row that sees no key: zeros
+    return torch.nan_to_num(y.transpose(1, 2))                    # (B, T, H, D)

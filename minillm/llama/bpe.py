@@ -1,9 +1,9 @@
 """Train a BPE vocabulary from text, as a llama2.c `Tokenizer` (Sennrich et al. 2016).
 
 Like SentencePiece's BPE, which made llama2.c's tokenizer.bin, words keep their leading space
-(" the") and merges are learned inside pre-split chunks (words, digits, punctuation); code points seen in the text are the base symbols
-and anything rarer falls back to the 256 byte tokens. A merge learned earlier gets a higher score,
-so run.c's "merge the highest-scoring pair" replays the training order.
+(" the") and merges are learned inside pre-split chunks (words, digits, punctuation); code points seen in
+the text are the base symbols and anything rarer falls back to the 256 byte tokens. A merge learned earlier
+gets a higher score, so run.c's "merge the highest-scoring pair" replays the training order.
 
 Pair counts are updated incrementally (only the words that contain the merged pair are touched),
 and the most frequent pair comes from a heap with lazy invalidation, so a few MB of text trains a
@@ -101,5 +101,6 @@ def train_bpe(text: str, vocab_size: int, min_char_count: int = 2) -> Tokenizer:
     pieces = reserved_pieces() + symbols + merges
     # scores: byte and special tokens 0 (as Llama's), merges by rank (earlier = higher), base symbols
     # below every merge; run.c only compares the scores of merge results, so base scores never decide.
-    scores = [0.0] * N_RESERVED + [-float(len(merges) + i) for i in range(len(symbols))] + [-float(i) for i in range(len(merges))]
+    scores = ([0.0] * N_RESERVED + [-float(len(merges) + i) for i in range(len(symbols))]
+              + [-float(i) for i in range(len(merges))])
     return Tokenizer(pieces, scores)

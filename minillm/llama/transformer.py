@@ -17,10 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import AttentionMetadata, paged_attention
 from ..config import ModelConfig
+from .attention import AttentionMetadata, paged_attention
 from .kv_cache import KVCache
-
 
 ROPE_ROWS = 2048  # RoPE table rows built up front (more on demand, up to max_seq_len)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from ..kernels.quant_gemv import quantize_int4
+from ..llama.linears import AWQLinear
 
 SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
 INT4_GROUPS = (32, 64, 128)
-from ..llama.linears import AWQLinear
 
 
 def fake_int4(w: torch.Tensor, group: int, bound: torch.Tensor | None = None) -> torch.Tensor:

@@ -7,8 +7,6 @@ import copy
 import torch
 import torch.nn as nn
 
-SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
-INT4_GROUPS = (32, 64, 128)
 from ..llama.linears import Int4Linear, Int8Linear, Q80Linear, W8A8Linear, q80_group_size, q80_quantize
 from .awq import awq_quantize
 from .calibration import activation_absmax, calibration_ids, linear_inputs, smoothing_factors
@@ -48,7 +46,8 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
         group = q80_group_size(model.config.dim)
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
-        raise ValueError(f"quantization={scheme!r} quantizes float32 weights; this model is {dtype} (use dtype='float32')")
+        raise ValueError(f"quantization={scheme!r} quantizes float32 weights; this model is {dtype} "
+                         "(use dtype='float32')")
     model = copy.deepcopy(model)
     errors, before, after = {}, 0, 0
     for name, module in list(model.named_modules()):

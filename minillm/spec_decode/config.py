@@ -8,10 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-
-from .acceptance import expected_tokens
 from ..core.proposer import Proposer
 from ..core.verify import residual, verify_greedy, verify_sampled
+from .acceptance import expected_tokens
 
 METHODS = ("draft", "ngram", "medusa")
 __all__ = ["METHODS", "SpeculativeConfig", "make_proposer", "verify_greedy", "verify_sampled", "residual",
@@ -47,7 +46,8 @@ class SpeculativeConfig:
             raise ValueError(f"speculative gamma must be an integer >= 1 (tokens drafted per step), got {cfg.gamma!r}")
         if cfg.draft_backend not in ("torch", "numba"):
             raise ValueError(f"speculative draft_backend must be 'torch' or 'numba', got {cfg.draft_backend!r}")
-        if not (isinstance(cfg.ngram_min, int) and isinstance(cfg.ngram_max, int) and 1 <= cfg.ngram_min <= cfg.ngram_max):
+        if not (isinstance(cfg.ngram_min, int) and isinstance(cfg.ngram_max, int)
+                and 1 <= cfg.ngram_min <= cfg.ngram_max):
             raise ValueError(f"speculative ngram sizes need 1 <= ngram_min <= ngram_max, got "
                              f"ngram_min={cfg.ngram_min!r}, ngram_max={cfg.ngram_max!r}")
         return cfg
@@ -68,7 +68,8 @@ def make_proposer(spec: "SpeculativeConfig", target, tokenizer, config, draft=No
     if spec.method == "draft":
         from .draft_model import DraftProposer
         forward, draft_config, blocks, kv_dtype = draft
-        return DraftProposer(forward, draft_config, spec.gamma, config.max_model_len, blocks, config.block_size, kv_dtype)
-    from .medusa_tree import DEFAULT_CHOICES
+        return DraftProposer(forward, draft_config, spec.gamma, config.max_model_len, blocks, config.block_size,
+                             kv_dtype)
     from .medusa import MedusaProposer
+    from .medusa_tree import DEFAULT_CHOICES
     return MedusaProposer(heads, target.output.weight, spec.tree or DEFAULT_CHOICES, spec.gamma, config.max_model_len)

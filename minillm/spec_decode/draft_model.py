@@ -14,11 +14,11 @@ import torch
 
 from ..core.batch import Draft, ScheduledBatch
 from ..core.block_manager import BlockManager
-from ..llama.kv_cache import KVCache
 from ..core.model_runner import ModelRunner
 from ..core.proposer import Proposer, draft_len
 from ..core.sampling import probs_from_logits
 from ..core.sequence import Sequence
+from ..llama.kv_cache import KVCache
 
 
 class DraftProposer(Proposer):

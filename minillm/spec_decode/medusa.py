@@ -1,7 +1,7 @@
 """Medusa as proposer (Cai et al. 2024): K heads on the target's own last hidden state guess the tokens 2..K+1
-ahead; their top candidates form a tree (minillm.spec_decode.medusa_tree.build_tree) that the target verifies in one forward
-through a tree attention mask. Greedy only: the longest path the target agrees with is kept (the runner moves
-its K/V into consecutive slots) and the target's token after it emitted.
+ahead; their top candidates form a tree (minillm.spec_decode.medusa_tree.build_tree) that the target verifies
+in one forward through a tree attention mask. Greedy only: the longest path the target agrees with is kept
+(the runner moves its K/V into consecutive slots) and the target's token after it emitted.
 
 The proposer keeps, per sequence, the target's final hidden state at its last computed token (position
 num_computed - 1), which the runner returns because needs_hidden is set. A sequence whose state is missing or
@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from ..core.batch import Draft, ScheduledBatch
-from .medusa_tree import build_tree
 from ..core.proposer import Proposer, draft_len
 from ..core.sequence import Sequence
+from .medusa_tree import build_tree
 
 
 class MedusaProposer(Proposer):

@@ -34,6 +34,7 @@ class NgramProposer(Proposer):
     def propose(self, batch: ScheduledBatch) -> list:
         drafts = []
         for row in batch.rows:
-            tokens = ngram_lookup(row.seq.token_ids, row.lookahead, self.ngram_max, self.ngram_min) if row.lookahead else []
+            tokens = (ngram_lookup(row.seq.token_ids, row.lookahead, self.ngram_max, self.ngram_min)
+                      if row.lookahead else [])
             drafts.append(Draft(tokens) if tokens else None)
         return drafts

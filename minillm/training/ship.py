@@ -21,11 +21,11 @@ import shutil
 import numpy as np
 import torch
 
-from ..spec_decode.acceptance import expected_tokens, measure_acceptance
 from ..formats.llama2c import load_bin
 from ..formats.loader import MODELS_DIR
 from ..llama.tokenizer import Tokenizer
-from .train import evaluate, eval_windows, position_losses, unigram_loss
+from ..spec_decode.acceptance import expected_tokens, measure_acceptance
+from .train import eval_windows, evaluate, position_losses, unigram_loss
 
 POSITION_BUCKETS = [(0, 128), (128, 256), (256, 512), (512, 768), (768, 1024)]
 
@@ -42,7 +42,7 @@ def val_slice(chars: int = 20000) -> str:
 
 
 def _json(path):
-    return [json.loads(l) for l in open(path)] if path.endswith(".jsonl") else json.load(open(path))
+    return [json.loads(line) for line in open(path)] if path.endswith(".jsonl") else json.load(open(path))
 
 
 def _phases(dirs) -> tuple[dict, list]:
@@ -94,7 +94,8 @@ def measure(target_dir, draft_dir, scratch_dir, data_dir, target_base=None) -> d
     ids = torch.tensor(tok.encode(sl))
     n = (len(ids) - 1) // 256
     xs, ys = ids[: n * 256].view(n, 256), ids[1: n * 256 + 1].view(n, 256)
-    card["val_slice"] = {"chars": len(sl), "tokens": int(n * 256), "windows": n, "target_loss": evaluate(target, xs, ys)}
+    card["val_slice"] = {"chars": len(sl), "tokens": int(n * 256), "windows": n,
+                         "target_loss": evaluate(target, xs, ys)}
     card["_val_slice_text"] = sl
     return card
 
@@ -115,11 +116,15 @@ def write_card(card: dict, path: str):
         "boilerplate is stripped). One edition per work, the modern-spelling one; the First Folio editions are",
         f"dropped ({len(c['dropped_editions'])} works had both). `minillm.training.data` builds it.",
         f"- train: {len(c['train_works'])} works, {c['train_chars']:,} characters, {c['train_tokens']:,} tokens",
-        f"- val (whole works held out): {', '.join(c['val_works'])}: {c['val_chars']:,} characters, {c['val_tokens']:,} tokens",
-        "- each work is encoded on its own with BOS before it, so a model ends a text by emitting BOS (run.c stops there)", "",
+        f"- val (whole works held out): {', '.join(c['val_works'])}: {c['val_chars']:,} characters, "
+        f"{c['val_tokens']:,} tokens",
+        "- each work is encoded on its own with BOS before it, so a model ends a text by emitting BOS "
+        "(run.c stops there)", "",
         "## Tokenizer",
-        f"BPE with {card['vocab_size']} tokens (259 reserved: <unk>, BOS, EOS, 256 byte fallbacks), trained on the train",
-        f"split by `minillm.llama.bpe.train_bpe`; {c['train_chars'] / c['train_tokens']:.2f} characters per token on the train split.",
+        f"BPE with {card['vocab_size']} tokens (259 reserved: <unk>, BOS, EOS, 256 byte fallbacks), trained on "
+        "the train",
+        f"split by `minillm.llama.bpe.train_bpe`; {c['train_chars'] / c['train_tokens']:.2f} characters per token "
+        "on the train split.",
         f"Why {card['vocab_size']}: the embedding (tied with the classifier) costs vocab x 256 parameters, 14% of the",
         "target at 4096; halving the vocabulary would make sequences longer (fewer characters per token) and",
         "doubling it would make the embedding a quarter of the model while adding rare words the corpus",
@@ -129,12 +134,17 @@ def write_card(card: dict, path: str):
     ]
     def row(label, f):
         return f"| {label} | " + " | ".join(f(m) if m else "-" for m in (t, d, s)) + " |"
-    cfgs = lambda m: m["config"]
+
+    def cfgs(m):
+        return m["config"]
     lines += [
-        row("shape (dim / layers / heads / KV heads / hidden)", lambda m: f"{cfgs(m)['dim']} / {cfgs(m)['n_layers']} / {cfgs(m)['n_heads']} / {cfgs(m)['n_kv_heads']} / {cfgs(m)['hidden_dim']}"),
+        row("shape (dim / layers / heads / KV heads / hidden)",
+            lambda m: f"{cfgs(m)['dim']} / {cfgs(m)['n_layers']} / {cfgs(m)['n_heads']} / "
+                      f"{cfgs(m)['n_kv_heads']} / {cfgs(m)['hidden_dim']}"),
         row("context (max_seq_len), rope theta", lambda m: f"{cfgs(m)['max_seq_len']}, {cfgs(m)['rope_theta']:g}"),
         row("parameters", lambda m: f"{m['params']:,}"),
-        row("FLOPs per token (vs target)", lambda m: f"{m['flops_per_token']:,} ({m['flops_per_token'] / t['flops_per_token']:.3f}x)"),
+        row("FLOPs per token (vs target)",
+            lambda m: f"{m['flops_per_token']:,} ({m['flops_per_token'] / t['flops_per_token']:.3f}x)"),
         row("file size", lambda m: f"{m['file_bytes'] / 2**20:.1f} MiB"),
         row("tokens seen", lambda m: f"{m['tokens_seen']:,}"),
         row("optimizer steps", lambda m: f"{m['steps']:,}"),
@@ -143,9 +153,11 @@ def write_card(card: dict, path: str):
         row("val loss (nats/token, 256-token windows)", lambda m: f"{m['val_loss']:.4f}"),
         row("val perplexity", lambda m: f"{m['val_ppl']:.2f}"),
         row("val loss at 1024-token windows", lambda m: f"{m['val_loss_1024']:.4f}"),
-        *[row(f"  of which positions {k}", lambda m, k=k: f"{m['val_loss_by_position'][k]:.4f}") for k in t["val_loss_by_position"]],
+        *[row(f"  of which positions {k}", lambda m, k=k: f"{m['val_loss_by_position'][k]:.4f}")
+          for k in t["val_loss_by_position"]],
         "",
-        f"Unigram baseline on the same val tokens (train-set frequencies, add-one): {card['unigram_val_loss']:.4f} nats/token;",
+        "Unigram baseline on the same val tokens (train-set frequencies, add-one): "
+        f"{card['unigram_val_loss']:.4f} nats/token;",
         f"the target is {card['unigram_val_loss'] - t['val_loss']:.2f} nats below it.",
         f"On the packaged held-out slice (`val_slice.txt`, {card['val_slice']['tokens']} tokens) the target's loss is",
         f"{card['val_slice']['target_loss']:.4f}; tests/test_shipped_models.py checks it.", "",
@@ -153,14 +165,16 @@ def write_card(card: dict, path: str):
     if len(t["train_configs"]) > 1:
         a, b = t["train_configs"]
         lines += [f"The target trained in two phases: windows of {a['seq_len']} tokens (batch {a['batch_size']}) until "
-                  f"early stopping, then a short fine-tune on windows of {b['seq_len']} tokens (batch {b['batch_size']}, "
-                  f"peak lr {b['lr']:g}) so that positions past {a['seq_len']} are trained as well: a model only ever shown "
-                  f"{a['seq_len']}-token windows predicts far worse after them (RoPE positions it never saw). "
+                  f"early stopping, then a short fine-tune on windows of {b['seq_len']} tokens "
+                  f"(batch {b['batch_size']}, peak lr {b['lr']:g}) so that positions past {a['seq_len']} are "
+                  f"trained as well: a model only ever shown {a['seq_len']}-token windows predicts far worse "
+                  "after them (RoPE positions it never saw). "
                   "The rows \"of which positions\" split the 1024-window loss by position.", ""]
     if d:
         lines += ["## Draft acceptance (for speculative decoding)",
                   "alpha = mean over held-out positions of sum_x min(p(x), q(x)), p target, q draft, at temperature 1;",
-                  "greedy: the fraction of positions where their argmaxes agree. E = (1 - alpha^(gamma+1)) / (1 - alpha)",
+                  "greedy: the fraction of positions where their argmaxes agree. "
+                  "E = (1 - alpha^(gamma+1)) / (1 - alpha)",
                   f"is the expected tokens per target step. Measured on {d['alpha_positions']:,} val positions.", "",
                   "| draft | alpha (T=1) | alpha (greedy) | " + " | ".join(f"E, gamma={g}" for g in range(1, 9)) + " |",
                   "|---|---|---|" + "---|" * 8]
@@ -178,27 +192,36 @@ def write_card(card: dict, path: str):
     if card.get("notes"):
         lines += ["## Checks", *[f"- {n}" for n in card["notes"]], ""]
     lines += ["## Reproduce", "```bash",
-              f"python -m minillm train --preset shakespeare --out runs/shakespeare --data-dir runs/data --batch-size {tc['batch_size']} "
-              f"--seq-len {tc['seq_len']} --lr {tc['lr']} --min-lr {tc['min_lr']} --warmup-steps {tc['warmup_steps']} --max-steps {tc['max_steps']} "
-              f"--eval-every {tc['eval_every']} --eval-windows {tc['eval_windows']} --patience {tc['patience']} --dropout {tc['dropout']} --seed {tc['seed']}"
+              "python -m minillm train --preset shakespeare --out runs/shakespeare --data-dir runs/data "
+              f"--batch-size {tc['batch_size']} --seq-len {tc['seq_len']} --lr {tc['lr']} --min-lr {tc['min_lr']} "
+              f"--warmup-steps {tc['warmup_steps']} --max-steps {tc['max_steps']} --eval-every {tc['eval_every']} "
+              f"--eval-windows {tc['eval_windows']} --patience {tc['patience']} --dropout {tc['dropout']} "
+              f"--seed {tc['seed']}"
               " [--time-limit-s S, then --resume]"]
     if len(t["train_configs"]) > 1:
         x = t["train_configs"][1]
         lines.append(f"python -m minillm train --preset shakespeare --out runs/shakespeare-1024 --data-dir runs/data "
                      f"--init-from runs/shakespeare/model.bin --batch-size {x['batch_size']} --seq-len {x['seq_len']} "
-                     f"--lr {x['lr']} --min-lr {x['min_lr']} --warmup-steps {x['warmup_steps']} --max-steps {x['max_steps']} "
-                     f"--eval-every {x['eval_every']} --eval-windows {x['eval_windows']} --patience {x['patience']} "
+                     f"--lr {x['lr']} --min-lr {x['min_lr']} --warmup-steps {x['warmup_steps']} "
+                     f"--max-steps {x['max_steps']} --eval-every {x['eval_every']} "
+                     f"--eval-windows {x['eval_windows']} --patience {x['patience']} "
                      f"--dropout {x['dropout']} --seed {x['seed']}")
-    for label, m, out, teacher in [("draft", d, "runs/draft-kd", " --teacher runs/shakespeare-1024/model.bin"), ("scratch", s, "runs/draft-scratch", "")]:
+    for label, m, out, teacher in [("draft", d, "runs/draft-kd", " --teacher runs/shakespeare-1024/model.bin"),
+                                   ("scratch", s, "runs/draft-scratch", "")]:
         if m:
             x = m["train_config"]
-            lines.append(f"python -m minillm train --preset shakespeare-draft --out {out} --data-dir runs/data{teacher} "
-                         f"--batch-size {x['batch_size']} --seq-len {x['seq_len']} --lr {x['lr']} --min-lr {x['min_lr']} "
-                         f"--warmup-steps {x['warmup_steps']} --max-steps {x['max_steps']} --eval-every {x['eval_every']} "
-                         f"--eval-windows {x['eval_windows']} --patience {x['patience']} --dropout {x['dropout']} --seed {x['seed']}"
+            lines.append(f"python -m minillm train --preset shakespeare-draft --out {out} "
+                         f"--data-dir runs/data{teacher} --batch-size {x['batch_size']} --seq-len {x['seq_len']} "
+                         f"--lr {x['lr']} --min-lr {x['min_lr']} --warmup-steps {x['warmup_steps']} "
+                         f"--max-steps {x['max_steps']} --eval-every {x['eval_every']} "
+                         f"--eval-windows {x['eval_windows']} --patience {x['patience']} --dropout {x['dropout']} "
+                         f"--seed {x['seed']}"
                          + (f" --kd-temperature {x['kd_temperature']} --kd-lambda {x['kd_lambda']}" if teacher else ""))
-    lines += ["python -m minillm ship --target runs/shakespeare-1024 --target-base runs/shakespeare --draft runs/draft-kd --draft-scratch runs/draft-scratch --data runs/data",
-              "```", "Training logs (step, tokens, train/val loss, lr, seconds) are shipped beside the models as `*.log.jsonl`.", ""]
+    lines += ["python -m minillm ship --target runs/shakespeare-1024 --target-base runs/shakespeare "
+              "--draft runs/draft-kd --draft-scratch runs/draft-scratch --data runs/data",
+              "```",
+              "Training logs (step, tokens, train/val loss, lr, seconds) are shipped beside the models as "
+              "`*.log.jsonl`.", ""]
     open(path, "w").write("\n".join(lines))
 
 

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..formats.llama2c import load_bin, save_bin
 from ..config import ModelConfig
+from ..formats.llama2c import load_bin, save_bin
 from ..formats.loader import load_checkpoint
 from ..llama.transformer import Transformer
 from ..progress import progress
@@ -140,13 +140,14 @@ def load_state(path) -> dict:
     try:
         st = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as e:
-        line = next((l for l in str(e).splitlines() if "WeightsUnpickler error:" in l), str(e))  # torch's own reason
+        line = next((ln for ln in str(e).splitlines() if "WeightsUnpickler error:" in ln), str(e))  # torch's own reason
         why = line.split("WeightsUnpickler error:")[-1].split(" Please use")[0].strip()[:200]
         raise ValueError(f"{path}: refusing to unpickle it: it holds objects other than tensors and plain values, "
                          f"which torch.load(weights_only=True) will not build ({why}). A state file train() wrote "
                          f"never does; start afresh, or from weights alone with --init-from MODEL.bin") from None
     except (RuntimeError, EOFError) as e:
-        raise ValueError(f"{path}: not a readable state file ({e}); start afresh, or with --init-from MODEL.bin") from None
+        raise ValueError(f"{path}: not a readable state file ({e}); start afresh, "
+                         "or with --init-from MODEL.bin") from None
     missing = [k for k in STATE_KEYS if not isinstance(st, dict) or k not in st]
     if missing:
         raise ValueError(f"{path}: not a state file train() wrote: it lacks {', '.join(missing)}")
@@ -154,7 +155,8 @@ def load_state(path) -> dict:
 
 
 def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, tc: TrainConfig,
-          teacher: Optional[Transformer] = None, resume: bool = False, log=print, init_from: Optional[str] = None) -> dict:
+          teacher: Optional[Transformer] = None, resume: bool = False, log=print,
+          init_from: Optional[str] = None) -> dict:
     """Train until early stopping, max_steps or the time limit. Returns a summary dict.
     Files in tc.out_dir: state.pt (resume), model.bin (best so far, llama2.c v0), log.jsonl, summary.json."""
     os.makedirs(tc.out_dir, exist_ok=True)
@@ -218,8 +220,9 @@ def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
                 save_bin(model, os.path.join(tc.out_dir, "model.bin"))
             else:
                 bad += 1
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "numpy_rng": rng.bit_generator.state,
-                        "torch_rng": torch.get_rng_state(), "step": step, "best": best, "bad": bad,
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                        "step": step, "best": best, "bad": bad,
                         "seconds": time.perf_counter() - t_start, "tokens": tokens_seen,
                         "model_config": model_cfg.to_dict(), "train_config": asdict(tc)}, state_path)
             log(f"step {step}: train {loss.item():.4f} val {val:.4f} (best {best:.4f}, {bad} without improvement)")
@@ -256,8 +259,8 @@ def prepare_data(data_dir: str, vocab_size: int, tokenizer_path: Optional[str] =
     """Corpus -> BPE tokenizer (trained on the train split unless given) -> token streams, cached in data_dir.
     -> (Tokenizer, train_ids (N,) uint16, val_ids (M,) uint16)"""
     from ..llama.bpe import train_bpe
-    from .data import build_corpus, encode_works
     from ..llama.tokenizer import Tokenizer
+    from .data import build_corpus, encode_works
     os.makedirs(data_dir, exist_ok=True)
     tok_path = tokenizer_path or os.path.join(data_dir, "tokenizer.bin")
     tr_path, va_path = os.path.join(data_dir, "train.npy"), os.path.join(data_dir, "val.npy")
@@ -327,8 +330,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--threads", type=int, default=None)
     for f in TrainConfig.__dataclass_fields__.values():
         if f.name != "out_dir":
-            ap.add_argument("--" + f.name.replace("_", "-"), type=float if f.type in ("float", "Optional[float]") else int,
-                            default=f.default)
+            ap.add_argument("--" + f.name.replace("_", "-"),
+                            type=float if f.type in ("float", "Optional[float]") else int, default=f.default)
     a = ap.parse_args(argv)
     check_out_dir(a.out, a.resume, a.force)  # before the data is prepared: minutes, for a run that would be refused
     if a.threads:

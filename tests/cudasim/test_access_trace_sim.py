@@ -9,16 +9,15 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import minillm.kernels.access_trace as AT  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from close import assert_close  # noqa: E402
-from numba import cuda, float32  # noqa: E402  (the simulator's: conftest checks NUMBA_ENABLE_CUDASIM=1)
-
-import minillm.kernels.access_trace as AT  # noqa: E402
 from minillm.kernels import blocks, simulating  # noqa: E402
 from minillm.kernels.matmul import TILE, matmul_tiled  # noqa: E402
 from minillm.kernels.matmul_naive import matmul_naive, matmul_naive_cuda  # noqa: E402
+from numba import cuda, float32  # noqa: E402  (the simulator's: conftest checks NUMBA_ENABLE_CUDASIM=1)
 
 M, K, N = 5, 20, 33                      # K spans 2 tiles, N spans 3 blocks, M one partial block
 GRID, BLOCK = (blocks(N, TILE), blocks(M, TILE)), (TILE, TILE)

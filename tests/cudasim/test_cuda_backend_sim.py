@@ -7,11 +7,11 @@ import torch
 from close import assert_close
 
 from minillm import LLM, SamplingParams
-from minillm.llama.attention import AttentionMetadata
-from minillm.config import ModelConfig
 from minillm.backends.cuda_model import CudaTransformer
-from minillm.llama.kv_cache import KVCache
+from minillm.config import ModelConfig
 from minillm.formats.loader import sample_tokenizer
+from minillm.llama.attention import AttentionMetadata
+from minillm.llama.kv_cache import KVCache
 from minillm.llama.transformer import Transformer
 
 CFG = ModelConfig(dim=16, hidden_dim=24, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=40, max_seq_len=32)
@@ -38,7 +38,8 @@ def test_cuda_forward_equals_torch_through_a_paged_pool(micro):
         with torch.inference_mode():
             out.append(net(tokens, positions, kv, attn, rows=rows))                     # prefill
             step = AttentionMetadata.build(torch.tensor([[3], [2]]), tables, torch.tensor([4, 3]), bs)
-            out.append(net(torch.tensor([[11], [12]]), torch.tensor([[3], [2]]), kv, step, rows=torch.arange(2)))  # decode
+            # decode
+            out.append(net(torch.tensor([[11], [12]]), torch.tensor([[3], [2]]), kv, step, rows=torch.arange(2)))
     for g, w in zip(got, want):
         # float32, sums of <= 24 products in another order through a layer: 1e-5 is ~100 ulps at |logit| ~ 1
         assert_close(g, w, atol=1e-5, rtol=1e-5, name="cuda backend vs torch")
@@ -52,7 +53,8 @@ def test_engine_serves_and_speculates_on_the_cuda_backend():
     model, tok = Transformer(cfg).init_weights(seed=4, std=0.3).eval(), sample_tokenizer(260)
     greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)    # a prefill, then one verification
     prompt = [[1, 5, 6, 5]]
-    llm = LLM(model, tokenizer=tok, backend="cuda", block_size=4, speculative={"method": "draft", "gamma": 1, "model": model})
+    llm = LLM(model, tokenizer=tok, backend="cuda", block_size=4,
+              speculative={"method": "draft", "gamma": 1, "model": model})
     assert llm.engine.kv.k.device == llm.engine.runner.model.device          # the pool where the kernels run
     got = llm.generate(prompt, greedy)[0].token_ids
     assert llm.engine.spec_stats["drafted"] > 0

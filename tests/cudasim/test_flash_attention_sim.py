@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels import simulating
 from minillm.kernels.flash_attention import flash_attention_cuda
 
@@ -49,8 +48,10 @@ def test_launcher_refuses_bad_arrays_before_launching():
     with pytest.raises(ValueError, match="C-contiguous"):
         flash_attention_cuda(np.ones((8, 2, 4), np.float32).transpose(2, 1, 0), kv, kv)
     with pytest.raises(ValueError, match="must divide q's H"):
-        flash_attention_cuda(np.ones((4, 3, 8), np.float32), np.ones((4, 2, 8), np.float32), np.ones((4, 2, 8), np.float32))
+        flash_attention_cuda(np.ones((4, 3, 8), np.float32), np.ones((4, 2, 8), np.float32),
+                             np.ones((4, 2, 8), np.float32))
     with pytest.raises(ValueError, match="D = 65 exceeds the CUDA kernel's DMAX = 64"):
-        flash_attention_cuda(np.ones((2, 1, 65), np.float32), np.ones((2, 1, 65), np.float32), np.ones((2, 1, 65), np.float32))
+        flash_attention_cuda(np.ones((2, 1, 65), np.float32), np.ones((2, 1, 65), np.float32),
+                             np.ones((2, 1, 65), np.float32))
     with pytest.raises(ValueError, match=r"q must be \(T, H, D\) or \(B, T, H, D\)"):
         flash_attention_cuda(np.ones((4, 8), np.float32), kv, kv)

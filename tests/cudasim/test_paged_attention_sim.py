@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels import simulating
 from minillm.kernels.paged_attention import flash_decoding_cuda, paged_attention_cuda
 
@@ -81,4 +80,5 @@ def test_launchers_refuse_bad_inputs_before_launching():
         flash_decoding_cuda(q, k_pool, v_pool, tables, ctx, 0)
     big = np.ones((2, 1, 4, 130), np.float32)
     with pytest.raises(ValueError, match="D = 130 exceeds the CUDA kernel's DMAX = 128"):
-        paged_attention_cuda(np.ones((2, 4, 130), np.float32), big, big, np.zeros((2, 1), np.int64), np.ones(2, np.int64))
+        paged_attention_cuda(np.ones((2, 4, 130), np.float32), big, big, np.zeros((2, 1), np.int64),
+                             np.ones(2, np.int64))

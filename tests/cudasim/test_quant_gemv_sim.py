@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels import simulating
 from minillm.kernels.quant_gemv import int4_gemv_cuda, int8_gemv_cuda, quantize_int4, quantize_int8
 
@@ -24,9 +23,12 @@ def data(M, N, K, seed):
 def test_int8_gemv_kernel_equals_torch(M, N, K):
     x, w = data(M, N, K, seed=K)
     w_q, scales, _ = quantize_int8(w)
-    want = torch.from_numpy(x).double() @ (torch.from_numpy(w_q).double() * torch.from_numpy(scales).double()[:, None]).T
-    assert_close(torch.from_numpy(int8_gemv_cuda(x, w_q, scales)).double(), want, atol=1e-4, rtol=1e-4, name="int8_gemv")
-    assert_close(torch.from_numpy(int8_gemv_cuda(x[0], w_q, scales)).double(), want[0], atol=1e-4, rtol=1e-4, name="x (K,)")
+    want = (torch.from_numpy(x).double()
+            @ (torch.from_numpy(w_q).double() * torch.from_numpy(scales).double()[:, None]).T)
+    assert_close(torch.from_numpy(int8_gemv_cuda(x, w_q, scales)).double(), want, atol=1e-4, rtol=1e-4,
+                 name="int8_gemv")
+    assert_close(torch.from_numpy(int8_gemv_cuda(x[0], w_q, scales)).double(), want[0], atol=1e-4, rtol=1e-4,
+                 name="x (K,)")
 
 
 @pytest.mark.parametrize("M,N,K,G", [(1, 5, 40, 8), (2, 3, 96, 32)])
@@ -37,7 +39,8 @@ def test_int4_gemv_kernel_equals_torch(M, N, K, G):
     q = torch.stack([(p & 15) - 8, (p >> 4) - 8], dim=2).flatten(1)            # (N, K): even k low nibble
     deq = q.double() * torch.from_numpy(scales).double().repeat_interleave(G, dim=1)       # (N, K)
     want = torch.from_numpy(x).double() @ deq.T                                # (M, N)
-    assert_close(torch.from_numpy(int4_gemv_cuda(x, packed, scales, G)).double(), want, atol=1e-4, rtol=1e-4, name="int4_gemv")
+    assert_close(torch.from_numpy(int4_gemv_cuda(x, packed, scales, G)).double(), want, atol=1e-4, rtol=1e-4,
+                 name="int4_gemv")
 
 
 def test_launchers_refuse_bad_inputs_before_launching():

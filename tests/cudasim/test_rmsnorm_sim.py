@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels import simulating
 from minillm.kernels.rmsnorm import add_rmsnorm_cuda, add_then_rmsnorm_cuda, rmsnorm_cuda
 

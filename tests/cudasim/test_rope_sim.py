@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels import simulating
 from minillm.kernels.rope import rope_cuda
+
 from minillm.llama.transformer import apply_rope, rope_tables
 
 

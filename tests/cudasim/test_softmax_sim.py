@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-
 from minillm.kernels import simulating
 from minillm.kernels.softmax import online_softmax_cuda, softmax_cuda
 

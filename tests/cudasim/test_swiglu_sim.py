@@ -5,7 +5,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from close import assert_close
-
 from minillm.kernels import simulating
 from minillm.kernels.swiglu import swiglu_cuda, swiglu_unfused_cuda
 
