@@ -18,6 +18,19 @@ def llm():
     return LLM("random:tiny")
 
 
+@pytest.fixture(scope="module")
+def tiny(tiny64):
+    return tiny64
+
+
+def make(tiny, **kw):
+    model, tok = tiny
+    return LLM(model, tokenizer=tok, dtype="float64", **kw)
+
+
+PROMPTS = ["To be, or not to be", "Hamlet", "Who's there?", "O, what a rogue and peasant slave am I!"]
+
+
 def test_bytes_prompts_are_refused_not_read_as_token_ids(llm):
     with pytest.raises(ValueError, match=r"prompt is bytes: pass text"):
         llm.generate(b"Hamlet", GREEDY)
@@ -101,3 +114,70 @@ def test_a_huge_claimed_context_builds_rope_tables_only_for_what_is_used():
     full = Transformer(ModelConfig(dim=32, hidden_dim=32, n_layers=1, n_heads=2, vocab_size=300, max_seq_len=8192))
     full.ensure_rope(8192)
     assert torch.equal(model.rope_cos, full.rope_cos[:4096]) and torch.equal(model.rope_sin, full.rope_sin[:4096])
+
+
+LONG = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.mark.parametrize("field,kw", [("temperature", dict(temperature=-0.1)), ("top_p", dict(top_p=0.0)),
+                                      ("top_p", dict(top_p=1.5)), ("top_k", dict(top_k=-1)),
+                                      ("max_tokens", dict(max_tokens=0)), ("n", dict(n=0))])
+def test_bad_sampling_params_name_the_field(field, kw):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
+        SamplingParams(**kw)
+
+
+def test_prompt_too_long_names_both_lengths_and_keeps_others_running(tiny):
+    llm = make(tiny, max_model_len=32)
+    engine = llm.engine
+    rid = engine.add_request(PROMPTS[0], LONG)
+    engine.step()
+    long = "word " * 40
+    n = len(tiny[1].encode(long))
+    with pytest.raises(ValueError, match=rf"prompt has {n} tokens but max_model_len is 32"):
+        engine.add_request(long, LONG)
+    with pytest.raises(ValueError, match="max_model_len is 32"):
+        llm.generate([PROMPTS[1], long], LONG)
+    while engine.has_unfinished_requests():
+        engine.step()
+    done = {o.request_id: o for o in engine.pop_finished()}
+    assert len(done[rid].prompt_token_ids) + len(done[rid].token_ids) == 32  # ran to max_model_len, untouched
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
+
+
+def test_abort_frees_blocks_and_others_finish(tiny):
+    engine = make(tiny).engine
+    a = engine.add_request(PROMPTS[0], LONG)
+    b = engine.add_request(PROMPTS[1], LONG)
+    engine.step(), engine.step()
+    engine.abort(a)
+    while engine.has_unfinished_requests():
+        engine.step()
+    done = {o.request_id: o for o in engine.pop_finished()}
+    assert done[a].outputs[0].finish_reason == "abort" and len(done[b].token_ids) == 24
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
+    with pytest.raises(ValueError, match="abort: no request with id 'nope'"):
+        engine.abort("nope")
+
+
+def test_unknown_model_lists_available():
+    with pytest.raises(ValueError, match=r"unknown model 'nope'.*Available: .*random:tiny"):
+        LLM("nope")
+
+
+def test_missing_tokenizer_says_where_it_looked(tmp_path, data_dir):
+    import shutil
+    shutil.copy(f"{data_dir}/golden.bin", tmp_path / "m.bin")
+    with pytest.raises(FileNotFoundError, match=f"looked for {tmp_path}/tokenizer.bin"):
+        LLM(str(tmp_path / "m.bin"))
+    llm = LLM(str(tmp_path / "m.bin"), tokenizer=f"{data_dir}/golden_tok.bin")
+    assert llm.generate("Hamlet", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0].token_ids
+
+
+def test_unknown_option_and_bad_engine_values(tiny):
+    with pytest.raises(TypeError, match="unknown LLM option"):
+        LLM("random:tiny", block_sise=16)
+    with pytest.raises(ValueError, match="batching='sometimes'"):
+        LLM("random:tiny", batching="sometimes")
+    with pytest.raises(ValueError, match="max_model_len=999 exceeds the model's context max_seq_len=256"):
+        LLM("random:tiny", max_model_len=999)

@@ -4,17 +4,14 @@ import pytest
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.formats.loader import random_model
 
 PROMPTS = ["To be, or not to be", "Hamlet", "Who's there?", "O, what a rogue and peasant slave am I!"]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    model, tok = random_model("tiny", seed=0)
-    model.init_weights(seed=5, std=0.15)  # varied text, so a wrong token shows
-    return model.double(), tok
+def tiny(tiny64):
+    return tiny64
 
 
 def make(tiny, **kw):
@@ -147,71 +144,6 @@ def test_trace_records_prefill_then_decodes(tiny):
             and steps[0].num_prefill_tokens == sum(len(tiny[1].encode(p)) for p in PROMPTS[:2]))
     assert [s.kind for s in steps[1:]] == ["decode"] * 4 and all(s.num_decode_tokens == 2 for s in steps[1:])
     assert all(s.kv_bytes_filled <= s.kv_bytes_used for s in steps)
-
-
-# ---------------------------------------------------------------- bad input
-@pytest.mark.parametrize("field,kw", [("temperature", dict(temperature=-0.1)), ("top_p", dict(top_p=0.0)),
-                                      ("top_p", dict(top_p=1.5)), ("top_k", dict(top_k=-1)),
-                                      ("max_tokens", dict(max_tokens=0)), ("n", dict(n=0))])
-def test_bad_sampling_params_name_the_field(field, kw):
-    with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
-        SamplingParams(**kw)
-
-
-def test_prompt_too_long_names_both_lengths_and_keeps_others_running(tiny):
-    llm = make(tiny, max_model_len=32)
-    engine = llm.engine
-    rid = engine.add_request(PROMPTS[0], GREEDY)
-    engine.step()
-    long = "word " * 40
-    n = len(tiny[1].encode(long))
-    with pytest.raises(ValueError, match=rf"prompt has {n} tokens but max_model_len is 32"):
-        engine.add_request(long, GREEDY)
-    with pytest.raises(ValueError, match="max_model_len is 32"):
-        llm.generate([PROMPTS[1], long], GREEDY)
-    while engine.has_unfinished_requests():
-        engine.step()
-    done = {o.request_id: o for o in engine.pop_finished()}
-    assert len(done[rid].prompt_token_ids) + len(done[rid].token_ids) == 32  # ran to max_model_len, untouched
-    assert engine.block_manager.num_free == engine.block_manager.num_blocks
-
-
-def test_abort_frees_blocks_and_others_finish(tiny):
-    engine = make(tiny).engine
-    a = engine.add_request(PROMPTS[0], GREEDY)
-    b = engine.add_request(PROMPTS[1], GREEDY)
-    engine.step(), engine.step()
-    engine.abort(a)
-    while engine.has_unfinished_requests():
-        engine.step()
-    done = {o.request_id: o for o in engine.pop_finished()}
-    assert done[a].outputs[0].finish_reason == "abort" and len(done[b].token_ids) == 24
-    assert engine.block_manager.num_free == engine.block_manager.num_blocks
-    with pytest.raises(ValueError, match="abort: no request with id 'nope'"):
-        engine.abort("nope")
-
-
-def test_unknown_model_lists_available():
-    with pytest.raises(ValueError, match=r"unknown model 'nope'.*Available: .*random:tiny"):
-        LLM("nope")
-
-
-def test_missing_tokenizer_says_where_it_looked(tmp_path, data_dir):
-    import shutil
-    shutil.copy(f"{data_dir}/golden.bin", tmp_path / "m.bin")
-    with pytest.raises(FileNotFoundError, match=f"looked for {tmp_path}/tokenizer.bin"):
-        LLM(str(tmp_path / "m.bin"))
-    llm = LLM(str(tmp_path / "m.bin"), tokenizer=f"{data_dir}/golden_tok.bin")
-    assert llm.generate("Hamlet", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0].token_ids
-
-
-def test_unknown_option_and_bad_engine_values(tiny):
-    with pytest.raises(TypeError, match="unknown LLM option"):
-        LLM("random:tiny", block_sise=16)
-    with pytest.raises(ValueError, match="batching='sometimes'"):
-        LLM("random:tiny", batching="sometimes")
-    with pytest.raises(ValueError, match="max_model_len=999 exceeds the model's context max_seq_len=256"):
-        LLM("random:tiny", max_model_len=999)
 
 
 # ---------------------------------------------------------------- found in review

@@ -13,17 +13,14 @@ from minillm import LLM, SamplingParams
 from minillm.core.batch import Draft, ScheduledBatch
 from minillm.core.policies import SchedulingPolicy
 from minillm.core.proposer import Proposer
-from minillm.formats.loader import random_model
 
 PROMPTS = ["To be, or not to be", "Hamlet", "Who's there?", "O, what a rogue and peasant slave am I!"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    model, tok = random_model("tiny", seed=0)
-    model.init_weights(seed=5, std=0.15)
-    return model.double(), tok
+def tiny(tiny64):
+    return tiny64
 
 
 @pytest.fixture(scope="module")

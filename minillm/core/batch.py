@@ -40,7 +40,7 @@ class ScheduledBatch:
 
     def add(self, seq: Sequence, start: int, end: Optional[int] = None, lookahead: int = 0, writes: bool = True) -> Row:
         end = len(seq) if end is None else end
-        row = Row(seq, start, end, lookahead, writes, prefill=start < len(seq) - 1)
+        row = Row(seq, start, end, lookahead, writes, prefill=writes and start < len(seq) - 1)  # padding: one token
         self.rows.append(row)
         return row
 
