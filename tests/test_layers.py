@@ -160,3 +160,29 @@ def test_old_import_paths_warn_or_name_the_new_ones():
         warnings.simplefilter("always")
         from minillm.bench import bench_decode  # noqa: F401
     assert any("minillm.bench.bench_decode moved to minillm.bench.decode.bench_decode" in str(x.message) for x in w)
+
+
+def test_nothing_of_ours_uses_an_old_import_path():
+    """The old paths are for users' notebooks; the package, its tests and its notebooks use the new ones."""
+    import glob
+    import json
+
+    from minillm._moved import MOVED, SPLIT
+    old = set(MOVED) | set(SPLIT)
+    found = []
+    files = glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True) + glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb"))
+    for path in files:
+        if "/.venv/" in path or path.endswith(("_moved.py", "test_layers.py")) or "/build/" in path:
+            continue
+        text = open(path).read()
+        sources = ["".join(c["source"]) for c in json.loads(text)["cells"] if c["cell_type"] == "code"] \
+            if path.endswith(".ipynb") else [text]
+        for src in sources:
+            for node in ast.walk(ast.parse(src)):
+                names = []
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                found += [f"{os.path.relpath(path, ROOT)}: {n}" for n in names if n in old]
+    assert not found, "old import paths in use:\n" + "\n".join(found)

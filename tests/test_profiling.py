@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from minillm import profiling as P
-from minillm import roofline as R
+from minillm.bench import profiling as P
+from minillm.bench import roofline as R
 from minillm.config import ModelConfig
 from minillm.formats.loader import random_model
 from minillm.llama.kv_cache import KVCache

@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from minillm import profiling as P  # noqa: E402
+from minillm.bench import profiling as P  # noqa: E402
 from minillm.config import ModelConfig  # noqa: E402
 from minillm.core.trace import StepRecord  # noqa: E402
 from minillm.llama.transformer import rope_tables  # noqa: E402
