@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from test_engine import make
 
 from minillm import LLM, SamplingParams
 from minillm.config import ModelConfig
@@ -16,16 +17,6 @@ GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 @pytest.fixture(scope="module")
 def llm():
     return LLM("random:tiny")
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny64):
-    return tiny64
-
-
-def make(tiny, **kw):
-    model, tok = tiny
-    return LLM(model, tokenizer=tok, dtype="float64", **kw)
 
 
 PROMPTS = ["To be, or not to be", "Hamlet", "Who's there?", "O, what a rogue and peasant slave am I!"]
@@ -127,13 +118,13 @@ def test_bad_sampling_params_name_the_field(field, kw):
         SamplingParams(**kw)
 
 
-def test_prompt_too_long_names_both_lengths_and_keeps_others_running(tiny):
-    llm = make(tiny, max_model_len=32)
+def test_prompt_too_long_names_both_lengths_and_keeps_others_running(tiny64):
+    llm = make(tiny64, max_model_len=32)
     engine = llm.engine
     rid = engine.add_request(PROMPTS[0], LONG)
     engine.step()
     long = "word " * 40
-    n = len(tiny[1].encode(long))
+    n = len(tiny64[1].encode(long))
     with pytest.raises(ValueError, match=rf"prompt has {n} tokens but max_model_len is 32"):
         engine.add_request(long, LONG)
     with pytest.raises(ValueError, match="max_model_len is 32"):
@@ -145,8 +136,8 @@ def test_prompt_too_long_names_both_lengths_and_keeps_others_running(tiny):
     assert engine.block_manager.num_free == engine.block_manager.num_blocks
 
 
-def test_abort_frees_blocks_and_others_finish(tiny):
-    engine = make(tiny).engine
+def test_abort_frees_blocks_and_others_finish(tiny64):
+    engine = make(tiny64).engine
     a = engine.add_request(PROMPTS[0], LONG)
     b = engine.add_request(PROMPTS[1], LONG)
     engine.step(), engine.step()
@@ -174,7 +165,7 @@ def test_missing_tokenizer_says_where_it_looked(tmp_path, data_dir):
     assert llm.generate("Hamlet", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0].token_ids
 
 
-def test_unknown_option_and_bad_engine_values(tiny):
+def test_unknown_option_and_bad_engine_values(tiny64):
     with pytest.raises(TypeError, match="unknown LLM option"):
         LLM("random:tiny", block_sise=16)
     with pytest.raises(ValueError, match="batching='sometimes'"):
