@@ -148,7 +148,7 @@ def one_error_line(err: str) -> str:
     (["bench", "decode", "--model", "nope"], "unknown model 'nope'"),
     (["bench", "decode", "--model", "/no/such/model.bin"], "/no/such/model.bin"),
     (["ship", "--target", "/no/such/run", "--data", "/no/such/data"], "/no/such/"),
-    (["student", "/no/such/notebooks", "/tmp/never-written"], "/no/such/notebooks"),
+    (["student", "/no/such/notebooks", "no/such/student-edition"], "/no/such/notebooks"),
 ])
 def test_every_subcommand_reports_user_mistakes_in_one_line(argv, says, capsys):
     assert main(argv) == 2

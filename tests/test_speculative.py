@@ -78,6 +78,8 @@ def test_greedy_rule_and_the_speedup_formula():
     assert verify_greedy([1], []) == 0
     # E(alpha, gamma) / (gamma c + r): alpha 0.8, gamma 4 gives E = 3.3616; c = 0.05, r = 1.1
     assert predicted_speedup(0.8, 4, 0.05, 1.1) == pytest.approx(3.3616 / 1.3)
+    # where speculation stops paying (notebook 08): alpha 0.55, r 1.1, a costly draft loses, a cheap one wins
+    assert predicted_speedup(0.55, 4, 0.3, 1.1) < 1.0 < predicted_speedup(0.55, 2, 0.05, 1.1)
 
 
 def test_ngram_lookup_finds_the_latest_longest_match():
