@@ -142,6 +142,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+DTYPES = ("float32", "float16", "bfloat16", "float64")                      # EngineConfig.dtype
+QUANTIZATION_SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")   # EngineConfig.quantization
+INT4_GROUPS = (32, 64, 128)                                                   # int4 and AWQ group sizes
+
+
 @dataclass
 class EngineConfig:
     """Every engine option, one place (DESIGN.md "Public API"). LLM(model, **options) and the CLI use these names."""
@@ -169,8 +174,8 @@ class EngineConfig:
     def __post_init__(self):
         choices = {
             "backend": ("torch", "numba", "cuda"),
-            "dtype": ("float32", "float16", "bfloat16", "float64"),
-            "quantization": (None, "int8", "int4", "q8_0", "awq", "w8a8", "smoothquant"),
+            "dtype": DTYPES,
+            "quantization": (None,) + QUANTIZATION_SCHEMES,
             "kv_cache_dtype": ("auto", "int8"),
             "batching": ("static", "dynamic", "continuous"),
             "preemption_mode": ("recompute", "swap"),

@@ -16,10 +16,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-from ..config import EngineConfig
-
-ALL_DTYPES = ("float32", "float16", "bfloat16", "float64")
-ALL_SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
+from ..config import DTYPES, QUANTIZATION_SCHEMES, EngineConfig
 
 
 @dataclass(frozen=True)
@@ -33,7 +30,7 @@ class Capability:
 
 
 CAPABILITIES = {
-    "torch": Capability(ALL_DTYPES, ALL_SCHEMES, ("auto", "int8"), ("draft", "ngram", "medusa"), True),
+    "torch": Capability(DTYPES, QUANTIZATION_SCHEMES, ("auto", "int8"), ("draft", "ngram", "medusa"), True),
     "numba": Capability(("float32",), (), ("auto",), ("draft", "ngram"), False),
     "cuda": Capability(("float32",), (), ("auto",), ("draft", "ngram"), False),
 }

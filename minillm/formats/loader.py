@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from ..config import PRESETS, ModelConfig
+from ..config import DTYPES, PRESETS, ModelConfig
 from ..llama.bpe import train_bpe
 from ..llama.tokenizer import Tokenizer
 from ..llama.transformer import Transformer
@@ -123,8 +123,8 @@ def load(model, tokenizer=None, dtype: str = "float32", seed: int = 0):
     if tokenizer.vocab_size != net.config.vocab_size and not isinstance(tokenizer, HFTokenizer):
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
                          f"{net.config.vocab_size}")
-    if dtype not in ("float32", "float16", "bfloat16", "float64"):
-        raise ValueError(f"dtype={dtype!r} is not one of float32, float16, bfloat16, float64")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
     if isinstance(model, Transformer) and next(net.parameters()).dtype != getattr(torch, dtype):
         net = copy.deepcopy(net)  # never convert the caller's module's weights
     net = net.to(getattr(torch, dtype))  # weights and the RoPE tables

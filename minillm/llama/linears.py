@@ -23,9 +23,6 @@ import torch.nn.functional as F
 
 from ..kernels.quant_gemv import int4_gemv_rows, int8_gemv_rows, quantize_int4, quantize_int8
 
-SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
-INT4_GROUPS = (32, 64, 128)
-
 
 class Int8Linear(nn.Module):
     def __init__(self, w_q: torch.Tensor, scales: torch.Tensor):

@@ -8,9 +8,6 @@ import torch
 from ..kernels.quant_gemv import quantize_int4
 from ..llama.linears import AWQLinear
 
-SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
-INT4_GROUPS = (32, 64, 128)
-
 
 def fake_int4(w: torch.Tensor, group: int, bound: torch.Tensor | None = None) -> torch.Tensor:
     """What quantize_int4 then dequantizing gives, in torch (for searches): each group of `group` inputs

@@ -10,9 +10,6 @@ import torch.nn as nn
 
 from ..paths import SAMPLE_TEXT
 
-SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
-INT4_GROUPS = (32, 64, 128)
-
 
 def linear_inputs(model: nn.Module, calibration: torch.Tensor, rows: int = 512) -> dict:
     """What every nn.Linear reads while the float model runs on `calibration` (B, T) token ids:

@@ -7,14 +7,12 @@ import copy
 import torch
 import torch.nn as nn
 
+from ..config import INT4_GROUPS, QUANTIZATION_SCHEMES
 from ..llama.linears import Int4Linear, Int8Linear, Q80Linear, W8A8Linear, q80_group_size, q80_quantize
 from .awq import awq_quantize
 from .calibration import activation_absmax, calibration_ids, linear_inputs, smoothing_factors
 
-SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")
-
-
-INT4_GROUPS = (32, 64, 128)
+SCHEMES = QUANTIZATION_SCHEMES                     # every scheme quantize_model builds (EngineConfig's list)
 
 
 def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = None, tokenizer=None):
