@@ -1,6 +1,7 @@
 # make lab      create .venv, install, open JupyterLab on notebooks/
 # make test     create .venv, install, run pytest and nbval on every notebook
 # make student  write student/: the notebooks with exercise solutions removed
+# make grade DIR=student  run every exercise checker on a folder of notebooks and print a score sheet
 # make test-slow  the long runs kept out of make test (the 10,000-schedule fuzzer: MINILLM_FUZZ_EXAMPLES)
 #
 # torch is installed first, pinned here (never in pyproject.toml, which takes a range): 2.13.0 is the
@@ -16,7 +17,7 @@ STAMP      := $(VENV)/.installed
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root,)
 NBVAL      := --nbval --nbval-current-env --nbval-cell-timeout=120 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: install lab test test-unit test-notebooks test-slow lint student clean
+.PHONY: install lab test test-unit test-notebooks test-slow lint student grade clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +50,10 @@ test-notebooks: install
 
 student: install
 	$(BIN)/python -m minillm student notebooks student
+
+DIR ?= student
+grade: install
+	MINILLM_PROGRESS=0 $(BIN)/python -m minillm grade $(DIR)
 
 clean:
 	rm -rf $(VENV) student build *.egg-info

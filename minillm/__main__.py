@@ -1,4 +1,4 @@
-"""python -m minillm {generate, run, bench, train, ship, student}"""
+"""python -m minillm {generate, run, bench, train, ship, student, grade}"""
 from __future__ import annotations
 
 import argparse
@@ -67,19 +67,20 @@ def generate_main(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = ("generate", "run", "bench", "train", "ship", "student")
+COMMANDS = ("generate", "run", "bench", "train", "ship", "student", "grade")
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
-        print("usage: python -m minillm {generate,run,bench,train,ship,student} ...\n"
+        print("usage: python -m minillm {generate,run,bench,train,ship,student,grade} ...\n"
               "  generate  --model M --prompt P [sampling flags]   text through the engine (LLM.generate)\n"
               "  run       CKPT -z TOK -t T -p P -s SEED -n STEPS -i PROMPT   llama2.c run.c, byte for byte\n"
               "  bench     decode --model M [--quick] [--json F]   benchmarks\n"
               "  train     --preset P --out DIR [--teacher T.bin] [--resume | --force]   train or distil a model\n"
               "  ship      --target DIR --draft DIR --data DIR   evaluate runs, package them with a model card\n"
-              "  student   SRC DST   notebooks with the exercise solutions removed", file=sys.stderr)
+              "  student   SRC DST   notebooks with the exercise solutions removed\n"
+              "  grade     DIR [--gpu] [--json]   run every exercise checker on a folder of notebooks", file=sys.stderr)
         return 1
     cmd, rest = argv[0], argv[1:]
     try:
@@ -101,6 +102,8 @@ def _command(cmd: str):
         from .training.ship import main
     elif cmd == "train":
         from .training.train import main
+    elif cmd == "grade":
+        from .labs.grade import main
     else:
         from .labs.student import main
     return main

@@ -3,8 +3,8 @@
 viz draws the plain data that minillm records or measures (Trace steps, minillm.bench.profiling results,
 tensors); it never reaches into the engine's internals, and minillm never imports it.
 One concept per file: engine_path, trace, sampling, architecture, forward_breakdown, attention,
-rope, kv_cache, decode_timing, training, serving, kernels, flash, quant, spec, medusa_tree (diagram and _figure are the
-shared drawing kit).
+rope, kv_cache, decode_timing, training, serving, kernels, flash, quant, spec, medusa_tree, source
+(diagram and _figure are the shared drawing kit).
 """
 from .architecture import draw_llama_block, llama_steps
 from .attention import plot_attention
@@ -26,6 +26,7 @@ from .serving import (
                       plot_timeline,
                       serving_explorer,
 )
+from .source import show_source
 from .spec import (
                       draw_medusa_tree,
                       plot_acceptance_bars,
@@ -51,4 +52,4 @@ __all__ = ["draw_engine_path", "plot_trace", "plot_next_token_distribution", "sa
            "plot_weight_activation_hist", "plot_channel_error_heatmap", "plot_pareto", "plot_speedup_vs_batch",
            "spec_text_html", "spec_counts", "plot_spec_vs_gamma", "plot_spec_vs_batch", "draw_medusa_tree",
            "plot_acceptance_bars",
-           "plot_pass_cost", "plot_exactness"]
+           "plot_pass_cost", "plot_exactness", "show_source"]
