@@ -52,6 +52,7 @@ def test_checker_passes_solution_and_fails_stub(src, checker, fn_name):
     exec(compile(strip_solutions(src), "<stub>", "exec"), stub_ns)
     result = check(stub_ns[fn_name])
     assert not result.passed and "not implemented" in result.message, repr(result)
+    assert result.kind == check.kind and check.kind in ("warm-up", "core")
 
 
 def test_every_checker_is_used_by_a_notebook():
@@ -103,3 +104,33 @@ def test_strip_keeps_indentation_and_rejects_unbalanced():
     assert strip_solutions(src) == "def f(x):\n    y = 1\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"
     with pytest.raises(ValueError, match="unbalanced"):
         strip_solutions("### BEGIN SOLUTION\nx = 1\n")
+
+
+def test_every_lesson_has_a_core_exercise_and_opens_the_engine():
+    """Notebooks 01-09: at least one core exercise (plugged into the engine), and a "read the engine's
+    code" cell whose stored listing shows 20-60 of the engine's lines (00, the tour, shows one step)."""
+    header = re.compile(r"^(\S+):(\d+)-(\d+)  \S+ \((\d+) lines")
+    for path in NOTEBOOKS:
+        name = os.path.basename(path)
+        cells = [c for c in json.load(open(path))["cells"] if c["cell_type"] == "code"]
+        checks = {m.group(1) for c in cells for m in CALL.finditer("".join(c["source"]))}
+        listings = [header.match("".join(o.get("data", {}).get("text/plain", "")))
+                    for c in cells if "show_source(" in "".join(c["source"]) for o in c["outputs"]]
+        listings = [m for m in listings if m]
+        assert listings, f"{name}: no show_source cell with a stored listing (run the notebook)"
+        for m in listings:
+            assert os.path.exists(os.path.join(NB_DIR, "..", m.group(1))), f"{name}: listing of {m.group(1)}"
+            low = 10 if name.startswith("00_") else 20
+            assert low <= int(m.group(4)) <= 60, f"{name}: listing of {m.group(1)} has {m.group(4)} lines"
+        if not name.startswith("00_"):
+            assert any(CHECKERS[c].kind == "core" for c in checks), f"{name} has no core exercise"
+
+
+def test_grading_an_untouched_student_edition_fails_every_exercise(tmp_path):
+    from minillm.labs.grade import grade_notebook
+    for path in NOTEBOOKS:
+        (tmp_path / os.path.basename(path)).write_text(json.dumps(student_notebook(json.load(open(path)))))
+    rows = [r for path in NOTEBOOKS for r in grade_notebook(str(tmp_path / os.path.basename(path)))]
+    assert len(rows) == len(EXERCISES)
+    for r in rows:
+        assert not r["passed"] and "not implemented" in r["message"], r
