@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from minillm.labs import CHECKERS, checker
-from minillm.labs import common
-from minillm.labs.grade import find_exercises, grade_notebook, main as grade_main, score_sheet
+from minillm.labs import CHECKERS, checker, common
+from minillm.labs.grade import find_exercises, grade_notebook, score_sheet
+from minillm.labs.grade import main as grade_main
 
 
 @pytest.fixture
@@ -129,8 +129,9 @@ def test_grade_command_errors(tmp_path, capsys):
 
 
 def test_show_source_lists_the_engine_code():
-    from minillm.core.block_manager import BlockManager
     from minillm.viz import show_source
+
+    from minillm.core.block_manager import BlockManager
     listing = show_source(BlockManager.allocate)
     assert listing.path == os.path.join("minillm", "core", "block_manager.py")
     text = repr(listing)
@@ -141,3 +142,16 @@ def test_show_source_lists_the_engine_code():
     assert "<code>" in cut._repr_html_()
     with pytest.raises(ValueError, match="start='no such line'"):
         show_source(BlockManager, start="no such line")
+
+
+def test_warm_up_checkers_name_the_common_mistake():
+    from minillm.labs.nb00_tour import _top_p_inclusive, _top_p_unnormalised
+    said = {
+        "inclusive cumsum": CHECKERS["check_top_p"](_top_p_inclusive),
+        "renormalise": CHECKERS["check_top_p"](_top_p_unnormalised),
+        "multiplied the logits by T": CHECKERS["check_temperature_softmax"](lambda x, t: torch.softmax(x * t, -1)),
+    }
+    for mistake, result in said.items():
+        assert not result.passed and mistake in result.message, (mistake, result)
+    wrong = CHECKERS["check_temperature_softmax"](lambda x, t: torch.softmax(x, -1))   # no mistake we know: the error
+    assert not wrong.passed and "max abs error" in wrong.message

@@ -45,8 +45,8 @@ class TimeLimit(BaseException):
 
 
 def run_limited(fn, seconds: float | None = None):
-    """fn() with a wall-clock limit (LIMIT_S unless given). On the main thread (a notebook, pytest, the grade command) an alarm
-    interrupts it. Elsewhere it runs on a helper thread that is abandoned when the limit passes."""
+    """fn() with a wall-clock limit (LIMIT_S unless given). On the main thread (a notebook, pytest, the grade
+    command) an alarm interrupts it. Elsewhere it runs on a helper thread, abandoned when the limit passes."""
     seconds = LIMIT_S if seconds is None else seconds
     if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
         def alarm(signum, frame):
@@ -152,11 +152,18 @@ def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None):
     return register(fn) if fn is not None else register
 
 
-def _close(name, got, want, atol=1e-5, rtol=1e-5):
+def _close(name, got, want, atol=1e-5, rtol=1e-5, mistakes: dict | None = None):
+    """Assert got ~= want. `mistakes` maps a common mistake's explanation to what that mistake computes: when
+    got matches one of them instead, the failure names the mistake, not just the error."""
     got = torch.as_tensor(got)
     assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     assert got.dtype.is_floating_point == want.dtype.is_floating_point, \
         f"{name}: dtype {got.dtype}, expected {want.dtype}"
+    if torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol):
+        return
+    for why, wrong in (mistakes or {}).items():
+        wrong = torch.as_tensor(wrong).double()
+        if wrong.shape == got.shape and torch.allclose(got.double(), wrong, atol=atol, rtol=rtol, equal_nan=True):
+            raise AssertionError(f"{name}: {why}")
     err = (got.double() - want.double()).abs().max().item()
-    assert torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol), \
-        f"{name}: max abs error {err:.3g} (tolerance {atol:g})"
+    raise AssertionError(f"{name}: max abs error {err:.3g} (tolerance {atol:g})")
