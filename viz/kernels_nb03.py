@@ -1,13 +1,14 @@
 """Notebook 03's concept picture: a CUDA grid of thread blocks over a matmul's output, and what one
 block of the tiled matmul moves from global to shared memory for one k-tile. Drawn, not measured
-(the measured pictures are minillm.viz.plot_access_diagram and friends)."""
+(the measured pictures are minillm.viz.plot_access_diagram and friends). And draw_puzzle: the accesses
+of the reader's kernel in a puzzle's check, from the log its checker kept."""
 from __future__ import annotations
 
 from matplotlib.patches import Rectangle
 
 from ._figure import new_figure
 from .diagram import arrow, blank
-from .kernels import SPACE_COLORS
+from .kernels import SPACE_COLORS, plot_access_diagram
 
 _LIGHT = {"global": "#F2D4D5", "shared": "#D3EBD9"}
 
@@ -117,3 +118,30 @@ def draw_cuda_grid(blocks_x: int = 4, blocks_y: int = 3, tile: int = 4, block=(2
                  fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def draw_puzzle(result):
+    """Draw what the reader's kernel touched in a kernel puzzle's check (minillm.labs.nb03_kernels): the
+    launch its checker kept, the failing one or, on a pass, the case it shows. One panel per array, each
+    element coloured by how many times any thread read it; one thread's reads outlined solid, its writes
+    dashed (on a failure: the thread the message names). Returns `result`, so a check cell reads
+    `draw_puzzle(check_map_kernel(my_map))` and shows the verdict and the picture."""
+    from minillm.labs.nb03_kernels import last_picture
+    pic = last_picture(result.name)
+    fresh = pic is not None and pic.passed == result.passed and (result.passed or result.message.startswith(pic.where))
+    if not fresh or not pic.log.events:       # a failure before any launch (the stub, a wrong signature)
+        return result
+    e = pic.log.events[0]
+    block, thread = ((v,) if isinstance(v, int) else tuple(v) for v in (pic.thread or (e.block, e.thread)))
+    fig = plot_access_diagram(pic.log, pic.arrays, thread=(block, thread))
+    nb = max([i + 1 for i, n in enumerate(pic.log.griddim) if n > 1] or [1])
+    nt = max([i + 1 for i, n in enumerate(pic.log.blockdim) if n > 1] or [1])
+    b = block[0] if nb == 1 else tuple(block[:nb])
+    t = thread[0] if nt == 1 else tuple(thread[:nt])
+    for ax in fig.axes:                       # a 1-D array is one row: no row axis to read
+        if ax.images and ax.images[0].get_array().shape[0] == 1:
+            ax.set_yticks([])
+            ax.set_ylabel("")
+    fig.suptitle(f"{'pass' if result.passed else 'fail'}, {pic.where}: {pic.label}; block {b}, thread {t} outlined",
+                 fontsize=9.5)
+    return result

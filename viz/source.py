@@ -45,8 +45,8 @@ class SourceListing:
 
 def _display_path(path: str) -> str:
     """The file relative to the project root (the folder holding minillm/), so no machine path shows."""
-    import minillm
-    root = os.path.dirname(os.path.dirname(os.path.abspath(minillm.__file__)))
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(importlib.util.find_spec("minillm").origin)))
     rel = os.path.relpath(os.path.abspath(path), root)
     return os.path.basename(path) if rel.startswith("..") else rel
 
