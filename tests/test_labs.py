@@ -146,7 +146,11 @@ def test_show_source_lists_the_engine_code():
 
 def test_warm_up_checkers_name_the_common_mistake():
     from minillm.labs.nb00_tour import _top_p_inclusive, _top_p_unnormalised
+    from minillm.labs.nb01_model import _rope_rotate_half
     said = {
+        "rotate_half layout": CHECKERS["check_rope"](lambda x, pos, theta: _rope_rotate_half(x, pos, theta).float()),
+        "that is LayerNorm": CHECKERS["check_rmsnorm"](
+            lambda x, w, eps: torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=eps) * w),
         "inclusive cumsum": CHECKERS["check_top_p"](_top_p_inclusive),
         "renormalise": CHECKERS["check_top_p"](_top_p_unnormalised),
         "multiplied the logits by T": CHECKERS["check_temperature_softmax"](lambda x, t: torch.softmax(x * t, -1)),

@@ -18,8 +18,22 @@ def check_rmsnorm(fn):
         x, w = torch.randn(shape, generator=g), torch.randn(shape[-1], generator=g)
         ref = RMSNorm(shape[-1], 1e-5)
         ref.weight.data = w
-        _close(f"shape {shape}", fn(x, w, 1e-5), ref(x).detach())
+        rms = x.pow(2).mean(-1, keepdim=True)
+        _close(f"shape {shape}", fn(x.clone(), w, 1e-5), ref(x).detach(), mistakes={
+            "you subtracted the mean: that is LayerNorm; RMSNorm divides by the root mean square only":
+                torch.nn.functional.layer_norm(x, (shape[-1],), eps=1e-5) * w,
+            "the weight is missing: multiply the normalised x by weight": x * torch.rsqrt(rms + 1e-5),
+            "divided by the mean square, not its square root": x / (rms + 1e-5) * w})
     return "matches minillm.llama.transformer.RMSNorm on 3 shapes"
+
+
+def _rope_rotate_half(x, pos, theta):
+    """RoPE as Hugging Face's Llama writes it: the first half of the head dims paired with the second half."""
+    D = x.shape[-1]
+    angle = pos[..., None].double() * theta ** (-torch.arange(0, D, 2).double() / D)    # (B, T, D/2)
+    cos, sin = torch.cat([angle.cos()] * 2, -1)[:, :, None], torch.cat([angle.sin()] * 2, -1)[:, :, None]
+    x = x.double()
+    return x * cos + torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1) * sin
 
 
 @checker
@@ -31,7 +45,9 @@ def check_rope(fn):
         x = torch.randn(B, T, H, D, generator=g)
         pos = torch.randint(0, 100, (B, T), generator=g)
         cos, sin = rope_tables(D, 128, 10000.0)
-        _close(f"shape {(B, T, H, D)}", fn(x, pos, 10000.0), apply_rope(x, cos[pos], sin[pos]), atol=1e-4)
+        _close(f"shape {(B, T, H, D)}", fn(x.clone(), pos, 10000.0), apply_rope(x, cos[pos], sin[pos]), atol=1e-4,
+               mistakes={"this is Hugging Face's rotate_half layout (pairs j and j + D/2); llama2.c and minillm rotate "
+                         "the adjacent pairs (2j, 2j+1)": _rope_rotate_half(x, pos, 10000.0)})
     return "matches minillm.llama.transformer.apply_rope (llama2.c pair layout) at random positions"
 
 
