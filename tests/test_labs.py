@@ -147,7 +147,11 @@ def test_show_source_lists_the_engine_code():
 def test_warm_up_checkers_name_the_common_mistake():
     from minillm.labs.nb00_tour import _top_p_inclusive, _top_p_unnormalised
     from minillm.labs.nb01_model import _rope_rotate_half
+    def int8_no_zero_rows(w):
+        scale = float(w.abs().max() / 127)
+        return torch.round(w / scale).to(torch.int8), scale
     said = {
+        "an all-zero row": CHECKERS["check_quantize_int8_row"](int8_no_zero_rows),
         "rotate_half layout": CHECKERS["check_rope"](lambda x, pos, theta: _rope_rotate_half(x, pos, theta).float()),
         "that is LayerNorm": CHECKERS["check_rmsnorm"](
             lambda x, w, eps: torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=eps) * w),

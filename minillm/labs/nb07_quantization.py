@@ -7,6 +7,17 @@ import torch
 from .common import _close, checker
 
 
+class _DivisionByZero(torch.overrides.TorchFunctionMode):
+    """Notes whether any torch division inside it divides by zero (the reader's code, while it runs)."""
+    DIVIDES = {torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.__itruediv__}
+    seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.DIVIDES and len(args) > 1 and bool((torch.as_tensor(args[1]) == 0).any()):
+            self.seen = True
+        return func(*args, **(kwargs or {}))
+
+
 @checker
 def check_quantize_int8_row(fn):
     """fn(w (K,) float32 tensor) -> (q (K,) integers in [-127, 127], scale float): symmetric absmax, w ~ scale * q"""
@@ -16,7 +27,11 @@ def check_quantize_int8_row(fn):
             torch.tensor([0.5, -2.0, 1.0, 0.25]), torch.randn(33, generator=g) * 40]
     for w in rows:
         want_q, want_s, _ = quantize_int8(w.numpy()[None])
-        q, s = fn(w.clone())
+        with _DivisionByZero() as div0:
+            q, s = fn(w.clone())
+        assert not div0.seen, (f"K={w.numel()}, an all-zero row: its scale is 0 and w / 0 is nan, whose cast to int8 "
+                               "is undefined (0 on some machines, -128 on others): give such a row q = 0 without "
+                               "dividing by its scale")
         q = torch.as_tensor(np.asarray(q)).reshape(-1).double()
         s = float(s)
         assert q.shape == (w.numel(),), f"K={w.numel()}: q has shape {tuple(q.shape)}, expected ({w.numel()},)"
