@@ -119,6 +119,17 @@ def _signature_problem(user_obj, signature: str | None) -> str | None:
     return f"wrong signature: {name}{have}; the checker calls it as {name}({', '.join(names)})"
 
 
+def _task(user_obj) -> str:
+    """'write my_attend(q, k, v): Causal grouped-query attention.': what the stub asks for, from its docstring."""
+    name = getattr(user_obj, "__name__", "the function")
+    try:
+        sig = "" if inspect.isclass(user_obj) else str(inspect.signature(user_obj))
+    except ValueError:
+        sig = "(...)"
+    doc = (inspect.getdoc(user_obj) or "").split("\n")[0]
+    return f"write {name}{sig}" + (f": {doc}" if doc else "")
+
+
 def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None):
     """Register a checker. `signature` ("q, k, v") is how the checker calls the reader's function: a
     function that cannot take those arguments fails before it runs. Everything the reader's code does
@@ -139,7 +150,7 @@ def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None):
             except TimeLimit:
                 return result(False, f"timed out after {LIMIT_S:.0f} s: an endless loop, or far too slow?")
             except NotImplementedError:
-                return result(False, "not implemented yet (the stub raises NotImplementedError)")
+                return result(False, "not implemented yet (the stub raises NotImplementedError): " + _task(user_obj))
             except AssertionError as e:
                 return result(False, str(e))
             except Exception as e:  # the reader's code crashed: say how, don't crash the notebook
