@@ -1,5 +1,6 @@
 """Notebook 04's core exercise: check_flash_row names each common mistake, and survives bad student code."""
 import numpy as np
+import pytest
 
 from minillm.labs import check_flash_row
 
@@ -31,29 +32,19 @@ def test_the_solution_passes():
     assert result and result.kind == "core", repr(result)
 
 
-def test_acc_not_rescaled_is_named():
-    result = check(rescale_acc=False)
-    assert not result and "acc is not rescaled by exp(m_old - m_new)" in result.message, repr(result)
+MISTAKES = [
+    (dict(rescale_acc=False), "acc is not rescaled by exp(m_old - m_new)"),
+    (dict(rescale_l=False), "l is not rescaled by exp(m_old - m_new)"),
+    (dict(normalise_in_loop=True), "divide by l once, after the last tile"),
+    (dict(stable=False), "overflows: subtract the running max m before exp"),
+    (dict(m0=0.0), "start m at -inf, not 0"),
+]
 
 
-def test_l_not_rescaled_is_named():
-    result = check(rescale_l=False)
-    assert not result and "l is not rescaled by exp(m_old - m_new)" in result.message, repr(result)
-
-
-def test_dividing_by_l_inside_the_loop_is_named():
-    result = check(normalise_in_loop=True)
-    assert not result and "divide by l once, after the last tile" in result.message, repr(result)
-
-
-def test_no_max_subtraction_overflows_near_1000():
-    result = check(stable=False)
-    assert not result and "scores near 1000" in result.message and "overflows" in result.message, repr(result)
-
-
-def test_running_max_started_at_zero_underflows_near_minus_1000():
-    result = check(m0=0.0)
-    assert not result and "start m at -inf, not 0" in result.message, repr(result)
+@pytest.mark.parametrize("mistake,said", MISTAKES)
+def test_a_common_mistake_is_named(mistake, said):
+    result = check(**mistake)
+    assert not result and said in result.message, repr(result)
 
 
 def test_the_last_partial_tile_dropped_is_named():

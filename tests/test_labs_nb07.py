@@ -1,5 +1,6 @@
 """Notebook 07's core exercise: check_quantize_int4 names each common mistake, and survives bad student code."""
 import numpy as np
+import pytest
 import torch
 
 from minillm.labs import check_quantize_int4
@@ -29,34 +30,20 @@ def test_the_solution_passes():
     assert result and result.kind == "core", repr(result)
 
 
-def test_nibble_order_swapped_is_named():
-    result = check(low_first=False)
-    assert not result and "nibble order swapped: even k goes in the LOW nibble" in result.message, repr(result)
+MISTAKES = [
+    (dict(low_first=False), "nibble order swapped: even k goes in the LOW nibble"),
+    (dict(offset=0), "no +8 offset"),
+    (dict(per_row=True), "one scale per row"),
+    (dict(divisor=8.0), "scale = max|w| / 8; the engine uses max|w| / 7"),
+    (dict(guard_zero=False), "all-zero group"),
+    (dict(rounding=np.trunc), "truncated"),
+]
 
 
-def test_no_offset_is_named():
-    result = check(offset=0)
-    assert not result and "no +8 offset" in result.message, repr(result)
-
-
-def test_scale_per_row_is_named():
-    result = check(per_row=True)
-    assert not result and "one scale per row" in result.message, repr(result)
-
-
-def test_max_over_8_is_named_with_the_engines_choice():
-    result = check(divisor=8.0)
-    assert not result and "scale = max|w| / 8; the engine uses max|w| / 7" in result.message, repr(result)
-
-
-def test_zero_group_divided_by_zero_is_named():
-    result = check(guard_zero=False)
-    assert not result and "all-zero group" in result.message, repr(result)
-
-
-def test_truncation_is_named():
-    result = check(rounding=np.trunc)
-    assert not result and "truncated" in result.message, repr(result)
+@pytest.mark.parametrize("mistake,said", MISTAKES)
+def test_a_common_mistake_is_named(mistake, said):
+    result = check(**mistake)
+    assert not result and said in result.message, repr(result)
 
 
 def test_a_torch_solution_passes():

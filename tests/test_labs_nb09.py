@@ -26,14 +26,17 @@ def test_the_solution_passes_in_the_training_loop():
     assert result and result.kind == "core" and "minillm.training.train.train" in result.message, repr(result)
 
 
-def test_no_t_squared_is_named():
-    result = check(t2=False)
-    assert not result and "no T^2 factor" in result.message, repr(result)
+MISTAKES = [
+    (dict(t2=False), "no T^2 factor"),
+    (dict(swap=True), "KL direction swapped"),
+    (dict(ce=False), "the hard-label term is missing"),
+]
 
 
-def test_kl_direction_swapped_is_named():
-    result = check(swap=True)
-    assert not result and "KL direction swapped" in result.message, repr(result)
+@pytest.mark.parametrize("mistake,said", MISTAKES)
+def test_a_common_mistake_is_named(mistake, said):
+    result = check(**mistake)
+    assert not result and said in result.message, repr(result)
 
 
 def test_temperature_on_one_side_is_named():
@@ -41,11 +44,6 @@ def test_temperature_on_one_side_is_named():
     assert not result and "temperature applied to the student only" in result.message, repr(result)
     result = check(student_T=False)
     assert not result and "temperature applied to the teacher only" in result.message, repr(result)
-
-
-def test_missing_ce_term_is_named():
-    result = check(ce=False)
-    assert not result and "the hard-label term is missing" in result.message, repr(result)
 
 
 def test_lambda_mix_is_named():
