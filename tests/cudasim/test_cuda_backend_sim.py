@@ -9,7 +9,7 @@ from close import assert_close
 from minillm import LLM, SamplingParams
 from minillm.backends.cuda_model import CudaTransformer
 from minillm.config import ModelConfig
-from minillm.formats.loader import sample_tokenizer
+from minillm.labs.hashmodel import IdTokenizer
 from minillm.llama.attention import AttentionMetadata
 from minillm.llama.kv_cache import KVCache
 from minillm.llama.transformer import Transformer
@@ -50,7 +50,7 @@ def test_engine_serves_and_speculates_on_the_cuda_backend():
     ordinary rows for the kernels (each query token attends to positions 0..its own), so the output is plain
     greedy decoding's."""
     cfg = ModelConfig(dim=16, hidden_dim=24, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=260, max_seq_len=16)
-    model, tok = Transformer(cfg).init_weights(seed=4, std=0.3).eval(), sample_tokenizer(260)
+    model, tok = Transformer(cfg).init_weights(seed=4, std=0.3).eval(), IdTokenizer(260)  # no BPE to build
     greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)    # a prefill, then one verification
     prompt = [[1, 5, 6, 5]]
     llm = LLM(model, tokenizer=tok, backend="cuda", block_size=4,
