@@ -3,45 +3,15 @@ the simulator agree on what a kernel computes and on who reads what (the access 
 the checkers' GPU path runs (the simulator standing in for the GPU). Tiny
 launches only: a few blocks of 8 or 16 threads. The checkers' own tests: tests/test_labs_nb03.py."""
 import numpy as np
+import puzzle_kernels
 from minillm.kernels.access_trace import record_accesses
 from numba import cuda, float32  # (the simulator's: conftest checks NUMBA_ENABLE_CUDASIM=1)
+from puzzle_kernels import THREADS, TILE_LEN, TW
 
 from minillm.labs import check_window_sum_kernel
 from minillm.labs.cuda_emulator import run_kernel
 
-THREADS, TILE_LEN, TW = 8, 10, 4
-
-
-def window_sum(x, out):
-    tile = cuda.shared.array(TILE_LEN, float32)
-    t, i, n = cuda.threadIdx.x, cuda.grid(1), x.shape[0]
-    tile[t + 2] = x[i] if i < n else float32(0.0)
-    if t < 2:
-        j = i - 2
-        tile[t] = x[j] if j >= 0 else float32(0.0)
-    cuda.syncthreads()
-    if i < n:
-        out[i] = tile[t] + tile[t + 1] + tile[t + 2]
-
-
-def tiled_matmul(x, w, y):
-    xs = cuda.shared.array((TW, TW), float32)
-    ws = cuda.shared.array((TW, TW), float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    m0, n0 = cuda.blockIdx.y * TW, cuda.blockIdx.x * TW
-    M, K = x.shape
-    N = w.shape[0]
-    acc = float32(0.0)
-    for t in range((K + TW - 1) // TW):
-        k = t * TW + tx
-        xs[ty, tx] = x[m0 + ty, k] if m0 + ty < M and k < K else float32(0.0)
-        ws[ty, tx] = w[n0 + ty, k] if n0 + ty < N and k < K else float32(0.0)
-        cuda.syncthreads()
-        for j in range(TW):
-            acc += xs[ty, j] * ws[tx, j]
-        cuda.syncthreads()
-    if m0 + ty < M and n0 + tx < N:
-        y[m0 + ty, n0 + tx] = acc
+window_sum, tiled_matmul = puzzle_kernels.window_sum(), puzzle_kernels.tiled_matmul()    # the right ones
 
 
 def test_emulator_and_simulator_agree_on_values_and_reads():
