@@ -9,7 +9,7 @@ rope, kv_cache, decode_timing, training, serving, kernels, flash, quant, spec, m
 from .architecture import draw_llama_block, llama_steps
 from .attention import plot_attention
 from .decode_timing import plot_decode_timing, plot_prefill_vs_decode
-from .engine_path import draw_engine_path
+from .engine_path import draw_engine_map, draw_engine_path
 from .flash import draw_attention_tiles, plot_attention_memory, plot_online_softmax, plot_split_sweep
 from .forward_breakdown import plot_forward_breakdown
 from .kernels import plot_access_diagram, plot_fusion, plot_roofline
@@ -40,7 +40,7 @@ from .spec import (
 from .trace import plot_trace
 from .training import plot_expected_tokens, plot_training_curves
 
-__all__ = ["draw_engine_path", "plot_trace", "plot_next_token_distribution", "sampling_explorer",
+__all__ = ["draw_engine_path", "draw_engine_map", "plot_trace", "plot_next_token_distribution", "sampling_explorer",
            "draw_llama_block", "llama_steps", "plot_forward_breakdown", "plot_attention", "plot_rope",
            "draw_recompute_grid", "plot_kv_bytes", "plot_kv_bytes_vs_length", "draw_kv_pool",
            "plot_decode_timing", "plot_prefill_vs_decode", "plot_training_curves", "plot_expected_tokens",

@@ -35,3 +35,44 @@ def draw_engine_path():
             ha="center", fontsize=8.5, color="#B05A00")
     ax.set_title("One path through minillm", fontsize=10)
     return finish(fig)
+
+
+# The engine's parts as a map, each tagged with the notebooks that build it: (label, x, y, w, h, notebooks).
+# Top row: the path a request takes; below each stage, the parts the stage is made of.
+MAP = [
+    ("prompt text", 0.9, 3.2, 1.4, 0.6, ("00",)),
+    ("tokenizer\n(BPE)", 2.6, 3.2, 1.4, 0.6, ("00", "01")),
+    ("scheduler\nwho runs this step", 4.6, 3.2, 1.9, 0.6, ("00", "05")),
+    ("model forward\nlogits", 7.0, 3.2, 2.2, 0.6, ("00", "01")),
+    ("sampler / verify\nnext tokens", 9.5, 3.2, 2.0, 0.6, ("00", "08")),
+    ("RequestOutput", 11.6, 3.2, 1.5, 0.6, ("00",)),
+    ("batching policies\nchunked prefill", 4.6, 2.2, 1.9, 0.6, ("05",)),
+    ("block manager\npaging, prefix cache", 4.6, 1.3, 1.9, 0.6, ("06",)),
+    ("Llama layers\nRMSNorm, RoPE, GQA", 7.0, 2.2, 2.2, 0.6, ("01",)),
+    ("KV cache\n(paged pool)", 6.35, 1.3, 0.95, 0.6, ("02", "06")),
+    ("weights\nint8 / int4", 7.65, 1.3, 0.95, 0.6, ("07",)),
+    ("kernels: numba CUDA\nmatmul, flash attention", 7.0, 0.4, 2.2, 0.6, ("03", "04")),
+    ("proposer\ndraft, n-gram, Medusa", 9.5, 2.2, 2.0, 0.6, ("08",)),
+    ("training (offline)\ntrain, distil -> .bin", 11.6, 1.3, 1.5, 0.9, ("09",)),
+]
+
+
+def draw_engine_map(notebook: str = "00"):
+    """minillm's parts on one page, with the parts this notebook builds highlighted (the rest greyed)."""
+    fig, axes = new_figure(width=10, height=3.6)
+    ax = axes[0, 0]
+    blank(ax, (0, 12.5), (0.0, 4.2))
+    for label, x, y, w, h, nbs in MAP:
+        here = notebook in nbs
+        box(ax, x, y, w, h, label, color="#F6C28B" if here else "#F2F2F2", fontsize=7.5,
+            edge="#B05A00" if here else "#BBBBBB", textcolor="#222222" if here else "#888888")
+        ax.text(x + w / 2 - 0.05, y + h / 2 - 0.02, " ".join(nbs), ha="right", va="top", fontsize=6,
+                color="#B05A00" if here else "#AAAAAA")
+    tops = [m for m in MAP if m[2] == 3.2]
+    for a, b in zip(tops, tops[1:]):
+        arrow(ax, (a[1] + a[3] / 2, 3.2), (b[1] - b[3] / 2, 3.2), color="#666666")
+    arrow(ax, (9.5, 3.52), (4.6, 3.52), connectionstyle="arc3,rad=0.12", color="#B05A00")
+    ax.text(7.0, 3.95, "LLMEngine.step(), repeated", ha="center", va="bottom", fontsize=7.5, color="#B05A00")
+    ax.set_title(f"Notebook {notebook} builds the highlighted parts (numbers: the notebooks that build each part)",
+                 fontsize=9)
+    return finish(fig)

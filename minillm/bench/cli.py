@@ -64,7 +64,9 @@ def main(argv: list[str]) -> int:
     d.add_argument("--tokenizer", default=None)
     d.add_argument("--steps", type=int, default=256, help="positions per run, as run.c's -n")
     d.add_argument("--repeats", type=int, default=5)
-    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--threads", type=int, default=None, help="default: the cores free now (minillm/threads.py)")
+    d.add_argument("--busy", action="store_true", help="idle, then beside a busy loop, each in its own process: "
+                                                       "free-core threads against one thread per core")
     d.add_argument("--backend", default="torch", choices=["torch", "numba"])
     d.add_argument("--runc", default=None, help="a run.c binary you built, timed on the same file (-n steps, greedy)")
     d.add_argument("--prompt", default="",
@@ -114,6 +116,15 @@ def main(argv: list[str]) -> int:
                   f"batched / run.c = {res['batched_over_runc']:.1f}x")
         return _write_json(res, a.json)
     steps, repeats = (64, 3) if a.quick else (a.steps, a.repeats)
+    if a.busy:
+        from .decode import bench_decode_busy
+        res = bench_decode_busy(a.model, a.tokenizer, steps, repeats, a.backend)
+        for label, r in res["runs"].items():
+            print(f"{label:<20} {r['threads']} threads: {r['tok_s_median']:7.1f} tok/s median "
+                  f"(min {r['tok_s_min']:.1f}, max {r['tok_s_max']:.1f})")
+        for k, v in res["ratios"].items():
+            print(f"{k}: {v:.2f}x")
+        return _write_json(res, a.json)
     res = bench_decode(a.model, a.tokenizer, steps, repeats, a.threads, a.backend, a.runc, a.prompt)
     print(f"decode {res['model']} ({a.backend}): {res['tok_s_median']:.1f} tok/s median over {repeats} runs "
           f"of {res['steps']} steps (min {res['tok_s_min']:.1f}, max {res['tok_s_max']:.1f}; {res['threads']} threads)")

@@ -12,6 +12,7 @@ import torch
 from ..core.sampling import RunCSampler
 from ..engine.runc import decode_loop
 from ..formats.loader import load
+from ..threads import auto_threads, check_threads, fair_threads, use_threads
 
 
 def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5, threads: int | None = None,
@@ -22,13 +23,14 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
     from ..backends.capabilities import backend_model
     net, tok = load(model, tokenizer)
     net = backend_model(net, backend)
-    if threads:
-        torch.set_num_threads(threads)
     if backend == "numba":       # as `run --backend numba`: numba's threads work, torch's would spin against them
         import numba
-        if threads:
-            numba.set_num_threads(threads)
+        numba.set_num_threads(check_threads(threads) if threads else min(fair_threads(), numba.get_num_threads()))
         torch.set_num_threads(1)
+    elif threads:
+        use_threads(threads)
+    else:
+        auto_threads()          # the cores free now: a busy core makes a full-size pool spin-wait
     steps = min(steps, net.config.max_seq_len)
     greedy = RunCSampler(0.0, 0.9, 1)
 
@@ -160,3 +162,42 @@ def bench_batched(model: str, tokenizer=None, batch: int = 32, steps: int = 128,
         res.update(runc=runc, runc_tok_s_median=statistics.median(rc), runc_tok_s_all=rc,
                    batched_over_runc=res["tok_s_median"] / statistics.median(rc))
     return res
+
+
+def bench_decode_busy(model: str, tokenizer=None, steps: int = 64, repeats: int = 3, backend: str = "torch") -> dict:
+    """Batch-1 decode idle and beside one busy loop (a CPU hog), each measurement its own `bench decode`
+    process: with the default thread choice (the free cores) and with one thread per core (what torch
+    would use on its own). Ratios busy / idle say how much of its speed decode keeps on a busy machine."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from ..threads import num_cores
+
+    def measure(threads):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "r.json")
+            cmd = [sys.executable, "-m", "minillm", "bench", "decode", "--model", str(model), "--steps", str(steps),
+                   "--repeats", str(repeats), "--backend", backend, "--json", out]
+            cmd += ["--tokenizer", tokenizer] if tokenizer else []
+            cmd += ["--threads", str(threads)] if threads else []
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            return json.load(open(out))
+    cores, res = num_cores(), {}
+    res["idle, free cores"] = measure(None)
+    res["idle, one per core"] = measure(cores)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        res["busy, free cores"] = measure(None)
+        res["busy, one per core"] = measure(cores)
+    finally:
+        hog.kill()
+        hog.wait()
+    rate = {k: v["tok_s_median"] for k, v in res.items()}
+    return {"bench": "decode-busy", "model": str(model), "backend": backend, "cores": cores, "steps": steps,
+            "repeats": repeats, "runs": {k: {"threads": v["threads"], "tok_s_median": v["tok_s_median"],
+                                            "tok_s_min": v["tok_s_min"], "tok_s_max": v["tok_s_max"]}
+                                        for k, v in res.items()},
+            "ratios": {"busy / idle, free cores": rate["busy, free cores"] / rate["idle, free cores"],
+                       "busy / idle, one per core": rate["busy, one per core"] / rate["idle, one per core"]}}

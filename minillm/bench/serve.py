@@ -14,6 +14,7 @@ from ..config import EngineConfig
 from ..core.sampling import SamplingParams
 from ..engine.engine import LLMEngine
 from ..formats.loader import load
+from .step_cost import SimClock, StepCost
 from .workload import Request, SkipClock, make_workload
 
 
@@ -38,11 +39,21 @@ class ServeResult:
         return asdict(self)
 
 
-def replay(model, tokenizer, workload: list[Request], label: str = "", return_engine: bool = False, **options):
+def replay(model, tokenizer, workload: list[Request], label: str = "", return_engine: bool = False,
+           step_cost: StepCost | None = None, **options):
     """Serve `workload` on a fresh engine with these EngineConfig options -> ServeResult
-    (with return_engine=True: (ServeResult, the engine, for its trace, and the finished RequestOutputs))."""
-    clock = SkipClock()
+    (with return_engine=True: (ServeResult, the engine, for its trace, and the finished RequestOutputs)).
+    step_cost: time by this cost model (a simulated clock; the tokens are still computed) instead of the wall clock."""
+    clock = SkipClock() if step_cost is None else SimClock()
     engine = LLMEngine.from_model(model, tokenizer, EngineConfig(**options), clock=clock)
+    if step_cost is not None:
+        run = engine.runner.run
+
+        def run_and_advance(batch, drafts):             # the model call takes the modelled time, not the wall's
+            out = run(batch, drafts)
+            clock.advance(step_cost(batch))
+            return out
+        engine.runner.run = run_and_advance
     pending = sorted(workload, key=lambda r: r.arrival)
     outs, i = [], 0
     while i < len(pending) or engine.has_unfinished_requests():

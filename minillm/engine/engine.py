@@ -32,6 +32,7 @@ from ..core.scheduler import Scheduler
 from ..core.sequence import Sequence
 from ..core.trace import BlockSnapshot, Trace, block_snapshot
 from ..core.verify import verify
+from ..threads import auto_threads
 from .parts import Parts, prepare
 
 
@@ -42,6 +43,7 @@ class LLMEngine:
         self.kv, self.block_manager = parts.kv, parts.block_manager
         self.proposer, self.verify_rule, self.quant_report = parts.proposer, parts.verify, parts.quant_report
         self.clock = clock or time.perf_counter
+        auto_threads()     # unless a thread count was chosen: the cores free now (a busy core makes a pool spin-wait)
         self.scheduler = Scheduler(self.config, self.block_manager, self.clock,
                                    Detokenizer(self.tokenizer, self.config.max_model_len),
                                    parts.policy, slots=self.proposer.num_slots)

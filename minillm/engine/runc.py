@@ -10,7 +10,6 @@ This is batch-1 decoding through the same model and KV pool as the engine (one b
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -22,6 +21,7 @@ from ..formats.loader import load_checkpoint
 from ..llama.attention import AttentionMetadata
 from ..llama.kv_cache import KVCache
 from ..llama.tokenizer import BOS, Tokenizer
+from ..threads import auto_threads
 
 
 def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, write=None, stop_at_bos: bool = True):
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(1)
     tokenizer = Tokenizer.load(opts["z"], model.config.vocab_size)
     if backend == "torch":
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+        auto_threads()       # the free cores: a busy core would make torch's pool spin-wait
 
     def stdout(b):
         return sys.stdout.buffer.write(b), sys.stdout.buffer.flush()
