@@ -48,8 +48,9 @@ def generate_main(argv: list[str]) -> int:
     ap.add_argument("--tokenizer", default=None)
     s = ap.add_argument_group("sampling (SamplingParams)")
     for name, typ, default in [("n", int, 1), ("temperature", float, 1.0), ("top-k", int, 0), ("top-p", float, 1.0),
-                               ("sampling-seed", int, None), ("max-tokens", int, 16)]:
-        s.add_argument(f"--{name}", type=typ, default=default)
+                               ("sampling-seed", int, None), ("max-tokens", int, 64)]:
+        tip = "default 64 here (SamplingParams' own default is 16, as vLLM's)" if name == "max-tokens" else None
+        s.add_argument(f"--{name}", type=typ, default=default, help=tip)
     s.add_argument("--stop", action="append", default=None)
     s.add_argument("--stop-token-ids", type=int, nargs="*", default=None)
     s.add_argument("--ignore-eos", action="store_true")
@@ -73,15 +74,17 @@ COMMANDS = ("generate", "run", "bench", "train", "ship", "student", "grade")
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
+        asked = bool(argv) and argv[0] in ("-h", "--help")
         print("usage: python -m minillm {generate,run,bench,train,ship,student,grade} ...\n"
               "  generate  --model M --prompt P [sampling flags]   text through the engine (LLM.generate)\n"
               "  run       CKPT -z TOK -t T -p P -s SEED -n STEPS -i PROMPT   llama2.c run.c, byte for byte\n"
-              "  bench     decode --model M [--quick] [--json F]   benchmarks\n"
+              "  bench     {decode,batched,serve,quant,spec} --model M [--quick] [--json F]   benchmarks (bench -h)\n"
               "  train     --preset P --out DIR [--teacher T.bin] [--resume | --force]   train or distil a model\n"
               "  ship      --target DIR --draft DIR --data DIR   evaluate runs, package them with a model card\n"
               "  student   SRC DST   notebooks with the exercise solutions removed\n"
-              "  grade     DIR [--gpu] [--json]   run every exercise checker on a folder of notebooks", file=sys.stderr)
-        return 1
+              "  grade     DIR [--gpu] [--json]   run every exercise checker on a folder of notebooks\n"
+              "python -m minillm COMMAND -h   a command's flags", file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 1
     cmd, rest = argv[0], argv[1:]
     try:
         return _command(cmd)(rest)

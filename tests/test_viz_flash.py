@@ -53,3 +53,18 @@ def test_split_sweep_draws_time_and_speedup():
     assert np.allclose(left.lines[0].get_ydata(), [2.0, 1.0, 1.1])    # drawn in ms
     assert np.allclose(right.lines[0].get_ydata(), [1.0, 2.0, 2 / 1.1])
     assert np.allclose(right.lines[1].get_ydata(), 1.0)
+
+
+def test_attention_traffic_draws_bytes_beside_time():
+    from minillm.viz.flash import plot_attention_traffic
+    T = [64, 128, 256]
+    fig = plot_attention_traffic(T, {"naive": [4 * t * t for t in T], "flash, tiles of 128": [t * t / 8 for t in T],
+                                     "flash, tiles of 16": [t * t for t in T]},
+                                 {"naive": [1e-3, 3e-3, 9e-3], "flash": [2e-3, 6e-3, 2e-2]}, threads=2)
+    left, right = fig.axes
+    assert len(left.lines) == 3 and len(right.lines) == 2
+    assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in (left, right))
+    assert np.allclose(right.lines[0].get_ydata(), [1.0, 3.0, 9.0])    # drawn in ms
+    assert "2 threads" in right.get_title()
+    assert [line.get_color() for line in left.lines[1:]] == [left.lines[1].get_color()] * 2   # both flash lines green
+    assert left.lines[0].get_color() != left.lines[1].get_color()

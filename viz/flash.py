@@ -1,6 +1,6 @@
 """FlashAttention, drawn: the score matrix naive attention keeps against the tiles FlashAttention walks,
-the online softmax one element at a time, peak memory against sequence length, and Flash-Decoding's
-time against its split count.
+the online softmax one element at a time, peak memory against sequence length, bytes moved through a GPU's
+memory beside the time on this CPU, and Flash-Decoding's time against its split count.
 
 Each function draws plain data (lists, dicts, the (i, m, d) steps of
 minillm.kernels.softmax.online_softmax_steps); nothing here runs a kernel or times anything.
@@ -132,6 +132,49 @@ def plot_attention_memory(lengths, measured: dict, predicted: dict | None = None
            title="attention's peak memory: O(T^2) naive vs O(T) tiled")
     ax.legend(frameon=False, fontsize=7.5, loc="upper left")
     ax.grid(alpha=0.3, which="both")
+    return finish(fig)
+
+
+def _bytes_label(v, _=None) -> str:
+    """A tick label for a power-of-two byte count: 64 KiB, 1 MiB, 256 MiB."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if v >= size:
+            return f"{v / size:g} {unit}"
+    return f"{v:g} B"
+
+
+def plot_attention_traffic(lengths, bytes_moved: dict, seconds: dict, threads: int | None = None):
+    """Left: bytes moved through a GPU's HBM (the model of minillm.bench.attention_traffic) against T, log-log.
+    bytes_moved: {label: [bytes per length]}; a label starting with a method name ("naive", "flash ...") takes
+    its colour, later flash lines a lighter dash. Right: measured seconds per call on this CPU against the same
+    T. seconds: {method: [seconds per length]}. Reference: doubling T quadruples an O(T^2) line."""
+    fig, axes = new_figure(ncols=2, width=11.0, height=4.0)
+    left, right = axes[0]
+    lengths = list(lengths)
+    styles = iter(["-", "--", ":", "-."])
+    for label, ys in bytes_moved.items():
+        method = label.split()[0].strip(",:;")
+        ls = "-" if method == "naive" else next(styles)
+        left.plot(lengths, ys, marker="o", ms=4, ls=ls, color=METHOD_COLORS.get(method, "#333333"), label=label)
+    for method, secs in seconds.items():
+        right.plot(lengths, np.array(secs, dtype=float) * 1e3, marker="o", ms=4,
+                   color=METHOD_COLORS.get(method, "#333333"), label=METHOD_LABELS.get(method, method))
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(lengths)
+        ax.set_xticklabels([str(t) for t in lengths])
+        ax.set_xlabel("sequence length T")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(frameon=False, fontsize=8, loc="upper left")
+    left.set_yscale("log", base=2)
+    left.yaxis.set_major_locator(LogLocator(base=4))
+    left.yaxis.set_major_formatter(FuncFormatter(_bytes_label))
+    left.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    left.set(ylabel="bytes moved through HBM (model)", title="On a GPU: bytes moved decide (fp16, model)")
+    on = f" on {threads} thread{'s' if threads != 1 else ''}" if threads else ""
+    right.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    right.set(ylabel="ms per call (log scale)", title=f"On this CPU: measured time{on}")
     return finish(fig)
 
 

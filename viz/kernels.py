@@ -32,14 +32,15 @@ def plot_access_diagram(log, array, thread=None, vmax: float | None = None, anno
     width = sum(min(6.0, 0.8 + 0.32 * g.shape[1]) for g in grids) + 1.2 * len(grids)
     height = max(min(6.0, 1.6 + 0.32 * g.shape[0]) for g in grids)
     fig, axes = new_figure(ncols=len(names), width=min(16.0, width), height=height)
+    numbers = {}                                                     # ax -> (grid shape, the count texts)
     for ax, name, shape, counts in zip(axes[0], names, shapes, grids):
         space = log.spaces[name]
         im = ax.imshow(counts, cmap="Blues", vmin=0, vmax=vmax or max(1, counts.max()), aspect="equal")
         fig.colorbar(im, ax=ax, shrink=0.8, label="reads")
         if annotate if annotate is not None else counts.size <= 1024:
-            for (r, c), v in np.ndenumerate(counts):
-                ax.text(c, r, str(v), ha="center", va="center", fontsize=6,
-                        color="white" if v > 0.6 * (vmax or counts.max()) else "#333333")
+            numbers[ax] = (counts.shape, [ax.text(c, r, str(v), ha="center", va="center", fontsize=6,
+                                                  color="white" if v > 0.6 * (vmax or counts.max()) else "#333333")
+                                          for (r, c), v in np.ndenumerate(counts)])
         if thread is not None:
             block, tid = thread
             for kind, style in (("read", "-"), ("write", "--")):
@@ -60,8 +61,24 @@ def plot_access_diagram(log, array, thread=None, vmax: float | None = None, anno
         fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=8)
         fig.suptitle(f"block {thread[0]}, thread {thread[1]}: what it touched, outlined", fontsize=9.5)
         fig.tight_layout(rect=(0, 0.08, 1, 1))
-        return fig
-    return finish(fig)
+    else:
+        finish(fig)
+    _fit_numbers(fig, numbers)
+    return fig
+
+
+def _fit_numbers(fig, numbers):
+    """Size each panel's count labels to its cells once the layout is final: as large as fits (up to 12
+    points), so a 4x4 tile's numbers are as readable as a 20x20 grid's are small."""
+    for ax, (shape, texts) in numbers.items():
+        ax.apply_aspect()
+        box = ax.get_position()                                       # figure fraction, after aspect = equal
+        w_in, h_in = fig.get_size_inches()
+        cell_pt = 72 * min(box.width * w_in / shape[1], box.height * h_in / shape[0])
+        digits = max(len(t.get_text()) for t in texts)
+        size = max(5.0, min(12.0, 0.5 * cell_pt, 0.75 * cell_pt / (0.62 * digits)))
+        for t in texts:
+            t.set_fontsize(size)
 
 
 # ----------------------------------------------------------------------------- roofline

@@ -6,17 +6,26 @@ import torch
 from ..core.sampling import probs_from_logits
 from ._figure import finish, new_figure
 
+_WHITESPACE = {"\n": "\\n", "\t": "\\t", "\r": "\\r", " ": "\u2423"}   # newline -> \n, space -> ␣
+
+
+def visible(piece: str) -> str:
+    """A token piece as a label one can see: newline, tab and carriage return written as escapes (\\n),
+    spaces as ␣ (so " a" reads ␣a), and an empty piece as ''. A label made only of whitespace is otherwise blank."""
+    return "".join(_WHITESPACE.get(ch, ch) for ch in piece) if piece else "''"
+
 
 def _labels(logits, labels, k):
     top = torch.topk(logits.float(), k).indices.tolist()
-    names = [labels[i] if labels is not None else str(i) for i in top]
+    names = [visible(labels[i]) if labels is not None else str(i) for i in top]
     return top, names
 
 
 def plot_next_token_distribution(logits, temperatures=(0.5, 1.0, 2.0), top_p: float = 1.0, k: int = 12,
-                                 labels=None):
+                                 labels=None, log: bool = False):
     """Probabilities of the k most likely tokens under each temperature (grouped bars), after top-p.
-    logits: (V,); labels: optional list of V strings (token pieces)."""
+    logits: (V,); labels: optional list of V strings (token pieces), whitespace drawn visibly (visible());
+    log: a logarithmic probability axis, so a flat (high-temperature) distribution's small bars still show."""
     logits = torch.as_tensor(logits).float()
     k = min(k, logits.shape[-1])
     top, names = _labels(logits, labels, k)
@@ -29,8 +38,11 @@ def plot_next_token_distribution(logits, temperatures=(0.5, 1.0, 2.0), top_p: fl
                label=f"T = {t:g}")
     ax.set_xticks(range(k))
     ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
-    ax.set(ylabel="probability", title=f"Next-token distribution, top {k} tokens" +
-           (f" (top-p = {top_p:g})" if top_p < 1 else ""))
+    if log:
+        ax.set_yscale("log")
+        ax.set_ylim(top=1.5)
+    ax.set(ylabel="probability (log scale)" if log else "probability",
+           title=f"Next-token distribution, top {k} tokens" + (f" (top-p = {top_p:g})" if top_p < 1 else ""))
     ax.legend(frameon=False)
     ax.grid(axis="y", alpha=0.3)
     return finish(fig)

@@ -31,6 +31,8 @@ def main(argv: list[str]) -> int:
     sv.add_argument("--max-num-seqs", type=int, default=64)
     sv.add_argument("--prompt-median", type=float, default=None, help="tokens; default 15%% of max_model_len")
     sv.add_argument("--output-median", type=float, default=None, help="tokens; default 12.5%% of max_model_len")
+    sv.add_argument("--simulated", action="store_true",
+                    help="time by a per-step cost model calibrated here first, not the wall clock (busy machines)")
     sv.add_argument("--quick", action="store_true", help="12 requests, context 128: a smoke test")
     sv.add_argument("--json", default=None)
     b = sub.add_parser("batched", help="batched decode tok/s and FLOP/s, beside llama2.c's run.c (--runc)")
@@ -77,17 +79,13 @@ def main(argv: list[str]) -> int:
     if a.what == "serve":
         n, L = (12, 128) if a.quick else (a.requests, a.max_model_len)
         res = bench_serve(a.model, a.tokenizer, n, a.rate, a.kv_cache_bytes, L, a.max_num_seqs, a.prompt_median,
-                          a.output_median)
+                          a.output_median, a.simulated)
         w = res["workload"]
         print(f"{n} requests at {a.rate:g}/s, prompts {w['prompt_tokens_median']:.0f} median / "
               f"{w['prompt_tokens_mean']:.0f} mean tokens, outputs {w['output_tokens_median']:.0f} / "
               f"{w['output_tokens_mean']:.0f}; max_model_len {res['max_model_len']}, "
-              f"KV {res['kv_cache_bytes'] / 2**20:.0f} MiB, max_num_seqs {res['max_num_seqs']}")
-        cols = ["throughput", "tokens_per_step", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "kv_waste",
-                "peak_running", "preemptions", "cached_tokens"]
-        print(f"{'setting':<32}" + "".join(f"{c:>16}" for c in cols))
-        for label, r in res["runs"].items():
-            print(f"{label:<32}" + "".join(f"{r[c]:>16.4g}" for c in cols))
+              f"KV {res['kv_cache_bytes'] / 2**20:.0f} MiB, max_num_seqs {res['max_num_seqs']}; clock: {res['clock']}")
+        print_serve_table(res["runs"])
         for k, v in res["ratios"].items():
             print(f"{k}: {v:.1%}" if "waste" in k else f"{k}: {v:.2f}")
         return _write_json(res, a.json)
@@ -134,3 +132,18 @@ def main(argv: list[str]) -> int:
         print(f"run.c: {res['runc_tok_s_median']:.1f} tok/s median (min {min(res['runc_tok_s_all']):.1f}, max "
               f"{max(res['runc_tok_s_all']):.1f}); {a.backend} / run.c = {res['over_runc']:.2f}x")
     return _write_json(res, a.json)
+
+
+# bench serve's table: (key, header, unit scale, format); headers carry the units, the table stays under 120 columns
+SERVE_COLUMNS = [("throughput", "tok/s", 1, ".0f"), ("tokens_per_step", "tok/step", 1, ".1f"),
+                 ("ttft_p50", "TTFT50 ms", 1e3, ".0f"), ("ttft_p99", "TTFT99 ms", 1e3, ".0f"),
+                 ("tpot_p50", "TPOT50 ms", 1e3, ".1f"), ("tpot_p99", "TPOT99 ms", 1e3, ".1f"),
+                 ("kv_waste", "waste %", 100, ".1f"), ("peak_running", "peak seqs", 1, ".0f"),
+                 ("preemptions", "preempt", 1, ".0f"), ("cached_tokens", "cached", 1, ".0f")]
+
+
+def print_serve_table(runs: dict):
+    width = max(len(label) for label in runs) + 1
+    print(f"{'setting':<{width}}" + "".join(f"{h:>10}" for _, h, _, _ in SERVE_COLUMNS))
+    for label, r in runs.items():
+        print(f"{label:<{width}}" + "".join(f"{r[k] * scale:>10{fmt}}" for k, _, scale, fmt in SERVE_COLUMNS))

@@ -4,12 +4,21 @@ Per scheme: perplexity on held-out text (every window prefilled through the engi
 int8 cache is read back as it would be served), weight bytes, KV bytes per token, batch-1 greedy decode
 tok/s (run.c's loop) and 32-sequence batched decode tok/s (the engine), each also as a ratio to float32.
 Timings are medians of a few runs after a warm-up, all in this one process, one scheme after another.
+
+`bench_gemv`: the memory-bound regime on its own. Batch-1 decode is a chain of matrix-vector products
+(GEMV), one per linear layer; it runs them through the engine's weight types (nn.Linear, Int8Linear,
+Int4Linear) over layers whose weights, in every format, exceed the CPU's last-level cache, so each pass
+reads them from main memory as a real model's decode does.
 """
 from __future__ import annotations
 
+import glob
 import math
 import os
+import re
 import statistics
+import subprocess
+import time
 
 import torch
 
@@ -62,10 +71,10 @@ def weight_bytes(model) -> int:
 
 
 def bench_quant(model: str = "shakespeare", tokenizer=None, steps: int = 64, batch: int = 32, repeats: int = 3,
-                windows: int = 25, schemes=None) -> dict:
+                windows: int = 25, schemes=None, speed: bool = True) -> dict:
+    """Every scheme's perplexity and bytes, and (speed=True) its decode tok/s at batch 1 and at `batch`."""
     net, tok = load(model, tokenizer)
     x, y = held_out_windows(tok, max_windows=windows)
-    greedy = RunCSampler(0.0, 0.9, 1)
     rows = {}
     twin = with_outlier_channels(net)
     for label, q, qcfg, kv_dtype, *variant in schemes or SCHEMES:
@@ -73,40 +82,182 @@ def bench_quant(model: str = "shakespeare", tokenizer=None, steps: int = 64, bat
         m = quantize_model(src, q, qcfg, tok)[0] if q else src
         kvd = torch.int8 if kv_dtype == "int8" else torch.float32
 
-        def run(n):
-            return decode_loop(m, tok, greedy, "", n, write=None, stop_at_bos=False)[1]
-        run(4)
-        one = statistics.median(run(steps) for _ in range(repeats))
-        rates = []
-        for _ in range(repeats + 1):                                                    # the first warms up
-            from ..engine.llm import LLM
-            llm = LLM(m, tokenizer=tok, kv_cache_dtype=kv_dtype,                         # m: already quantized
-                      max_num_seqs=batch, max_model_len=steps + 1)
-            llm.generate([[1]] * batch, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
-            dec = [s for s in llm.engine.trace.steps if s.kind == "decode"]
-            rates.append(sum(s.num_decode_tokens for s in dec) / sum(s.seconds for s in dec))
         loss = pool_loss(m, x, y, kvd)
         rows[label] = {"loss": loss, "perplexity": math.exp(loss), "weight_bytes": weight_bytes(m),
-                       "kv_bytes_per_token": KVCache.bytes_per_token(net.config, kvd),
-                       "decode_tok_s": one, "batched_tok_s": statistics.median(rates[1:])}
+                       "kv_bytes_per_token": KVCache.bytes_per_token(net.config, kvd)}
+        if speed:
+            rows[label].update(_decode_speed(m, tok, kv_dtype, steps, batch, repeats))
     base = rows[next(iter(rows))]
     for r in rows.values():
         r.update(delta_ppl=r["perplexity"] / base["perplexity"] - 1,
                  weight_ratio=r["weight_bytes"] / base["weight_bytes"],
-                 kv_ratio=r["kv_bytes_per_token"] / base["kv_bytes_per_token"],
-                 decode_speedup=r["decode_tok_s"] / base["decode_tok_s"],
-                 batched_speedup=r["batched_tok_s"] / base["batched_tok_s"])
+                 kv_ratio=r["kv_bytes_per_token"] / base["kv_bytes_per_token"])
+        if speed:
+            r.update(decode_speedup=r["decode_tok_s"] / base["decode_tok_s"],
+                     batched_speedup=r["batched_tok_s"] / base["batched_tok_s"])
     return {"bench": "quant", "model": str(model), "steps": steps, "batch": batch, "repeats": repeats,
-            "windows": int(x.shape[0]), "threads": torch.get_num_threads(), "runs": rows}
+            "windows": int(x.shape[0]), "threads": torch.get_num_threads(), "speed": speed, "runs": rows}
+
+
+def _decode_speed(m, tok, kv_dtype: str, steps: int, batch: int, repeats: int) -> dict:
+    """Batch-1 greedy decode tok/s (run.c's loop) and `batch`-sequence decode tok/s through the engine."""
+    from ..engine.llm import LLM
+    greedy = RunCSampler(0.0, 0.9, 1)
+
+    def run(n):
+        return decode_loop(m, tok, greedy, "", n, write=None, stop_at_bos=False)[1]
+    run(4)
+    one = statistics.median(run(steps) for _ in range(repeats))
+    rates = []
+    for _ in range(repeats + 1):                                                        # the first warms up
+        llm = LLM(m, tokenizer=tok, kv_cache_dtype=kv_dtype,                             # m: already quantized
+                  max_num_seqs=batch, max_model_len=steps + 1)
+        llm.generate([[1]] * batch, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
+        dec = [s for s in llm.engine.trace.steps if s.kind == "decode"]
+        rates.append(sum(s.num_decode_tokens for s in dec) / sum(s.seconds for s in dec))
+    return {"decode_tok_s": one, "batched_tok_s": statistics.median(rates[1:])}
 
 
 def print_table(res: dict):
+    speed = res.get("speed", True)
     cols = [("perplexity", "{:>11.3f}"), ("delta_ppl", "{:>+10.2%}"), ("weight_ratio", "{:>8.3f}"),
-            ("kv_ratio", "{:>6.3f}"), ("decode_tok_s", "{:>9.1f}"), ("decode_speedup", "{:>7.2f}x"),
-            ("batched_tok_s", "{:>9.0f}"), ("batched_speedup", "{:>7.2f}x")]
-    print(f"{res['model']}: {res['windows']} held-out windows of 256; decode {res['steps']} steps; "
-          f"batched {res['batch']} sequences")
-    print(f"{'scheme':<24}{'ppl':>11}{'d ppl':>10}{'weights':>8}{'KV':>6}{'tok/s':>9}{'x fp32':>8}"
-          f"{'batched':>9}{'x fp32':>8}")
+            ("kv_ratio", "{:>6.3f}")]
+    if speed:
+        cols += [("decode_tok_s", "{:>9.1f}"), ("decode_speedup", "{:>7.2f}x"), ("batched_tok_s", "{:>9.0f}"),
+                 ("batched_speedup", "{:>7.2f}x")]
+    print(f"{res['model']}: {res['windows']} held-out windows of 256" +
+          (f"; decode {res['steps']} steps; batched {res['batch']} sequences" if speed else ""))
+    print(f"{'scheme':<24}{'ppl':>11}{'d ppl':>10}{'weights':>8}{'KV':>6}" +
+          (f"{'tok/s':>9}{'x fp32':>8}{'batched':>9}{'x fp32':>8}" if speed else ""))
     for label, r in res["runs"].items():
         print(f"{label:<24}" + "".join(fmt.format(r[c]) for c, fmt in cols))
+
+
+# ------------------------------------------------------------------------------ the memory-bound regime
+DEFAULT_LLC = 32 << 20          # assumed when the machine does not say (a common desktop / laptop L3)
+GEMV_FORMATS = ("fp32", "int8", "int4 g32")
+
+
+def _size_bytes(text: str) -> int | None:
+    """'32768K', '32 MiB', '1 MiB (2 instances)', '512 KB' -> bytes."""
+    m = re.match(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\b", text, re.I)
+    if not m:
+        return None
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()])
+
+
+def last_level_cache_bytes() -> int | None:
+    """The last-level cache one core sees, in bytes: Linux's /sys/devices/system/cpu/cpu0/cache (the
+    highest level's size), else `lscpu`'s largest 'L<n> cache' line (its size per instance); None where
+    neither says."""
+    best = (0, None)
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            level = int(open(os.path.join(d, "level")).read())
+            kind = open(os.path.join(d, "type")).read().strip()
+            size = _size_bytes(open(os.path.join(d, "size")).read())
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction" and size and level > best[0]:
+            best = (level, size)
+    if best[1]:
+        return best[1]
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for level in "4321":
+        m = re.search(rf"^L{level}d? cache:\s*(.+)$", out, re.M)
+        if m and _size_bytes(m.group(1)):
+            total, inst = _size_bytes(m.group(1)), re.search(r"\((\d+) instances?\)", m.group(1))
+            return total // int(inst.group(1)) if inst else total
+    return None
+
+
+def gemv_layer_bytes(fmt: str, N: int, K: int) -> int:
+    """Bytes one (N, K) linear layer stores in a format of GEMV_FORMATS: fp32 4 per weight; int8 1 per weight plus
+    a float32 scale per row; int4 gG half a byte per weight plus a float32 scale per group of G."""
+    if fmt == "fp32":
+        return 4 * N * K
+    if fmt == "int8":
+        return N * K + 4 * N
+    m = re.fullmatch(r"int4 g(\d+)", fmt)
+    if not m:
+        raise ValueError(f"unknown GEMV format {fmt!r}; known: fp32, int8, int4 g<group> (e.g. {GEMV_FORMATS[2]!r})")
+    return N * K // 2 + 4 * N * (K // int(m.group(1)))
+
+
+def gemv_layers(fmt: str, N: int, K: int, layers: int, seed: int = 0) -> list:
+    """`layers` linear layers (N, K) in one format, as the engine stores them (nn.Linear, Int8Linear,
+    Int4Linear), each in its own memory. The weights are random (the values do not change how long a GEMV
+    takes, and building them needs no quantizer pass over float weights) and the layers copies of the
+    first (a copy is cheaper to make than new random numbers)."""
+    from ..llama.linears import Int4Linear, Int8Linear
+    gemv_layer_bytes(fmt, N, K)                                                          # checks the name
+    g = torch.Generator().manual_seed(seed)
+    if fmt == "fp32":
+        w = torch.empty(N, K).uniform_(-0.05, 0.05, generator=g)
+
+        def make(w):
+            lin = torch.nn.Linear(K, N, bias=False, device="meta")
+            lin.weight = torch.nn.Parameter(w, requires_grad=False)
+            return lin
+    elif fmt == "int8":
+        w = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+
+        def make(w):
+            return Int8Linear(w, torch.full((N,), 1e-3))
+    else:
+        G = int(fmt.split("g")[1])
+        w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=g)
+
+        def make(w):
+            return Int4Linear(w, torch.full((N, K // G), 1e-3), G)
+    return [make(w if i == 0 else w.clone()) for i in range(layers)]
+
+
+@torch.inference_mode()
+def bench_gemv(shape=(4096, 4096), layers: int | None = None, repeats: int = 5, formats=GEMV_FORMATS,
+               llc_bytes: int | None = None, beyond: float = 1.5) -> dict:
+    """Batch-1 decode's GEMVs on their own: one float32 row x (1, K) through `layers` linear layers of
+    shape (N, K), once per "token", in each format. `layers` defaults to the fewest that make the smallest
+    format's weights `beyond` times the last-level cache (llc_bytes, default: read from the machine, else
+    DEFAULT_LLC), so every format streams its weights from main memory on every pass.
+    numba's kernels run on torch's thread count (the free cores) during the measurement.
+
+    -> {"shape": (N, K), "layers", "llc_bytes" (None: unknown), "repeats", "threads", "rows": {format:
+    {"weight_bytes": all layers, "seconds": median seconds per pass (one token), "gb_s": weight bytes read
+    per second / 1e9, "ms_per_token": seconds * 1e3, "speedup": the first format's seconds / these}}}"""
+    N, K = shape
+    known = last_level_cache_bytes() if llc_bytes is None else llc_bytes
+    if layers is None:
+        smallest = min(gemv_layer_bytes(f, N, K) for f in formats)
+        layers = max(1, math.ceil(beyond * (known or DEFAULT_LLC) / smallest))
+    if layers < 1 or repeats < 1:
+        raise ValueError(f"layers and repeats must be >= 1, got layers={layers}, repeats={repeats}")
+    threads = torch.get_num_threads()
+    import numba
+    numba_before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    rows = {}
+    try:
+        for fmt in formats:
+            mods = gemv_layers(fmt, N, K, layers)
+            x = torch.randn(1, K, generator=torch.Generator().manual_seed(1))
+            times = []
+            for _ in range(repeats + 1):                                                 # the first warms up
+                t0 = time.perf_counter()
+                for m in mods:
+                    m(x)
+                times.append(time.perf_counter() - t0)
+            s = statistics.median(times[1:])
+            nbytes = sum(b.numel() * b.element_size() for m in mods for b in list(m.parameters()) + list(m.buffers()))
+            rows[fmt] = {"weight_bytes": nbytes, "seconds": s, "ms_per_token": s * 1e3, "gb_s": nbytes / s / 1e9}
+            del mods
+    finally:
+        numba.set_num_threads(numba_before)
+    first = rows[formats[0]]["seconds"]
+    for r in rows.values():
+        r["speedup"] = first / r["seconds"]
+    return {"bench": "gemv", "shape": (N, K), "layers": layers, "llc_bytes": known, "repeats": repeats,
+            "threads": threads, "rows": rows}

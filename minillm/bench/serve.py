@@ -111,13 +111,15 @@ def memory_by_request(outputs, block_size: int, bytes_per_token: int) -> list[Re
 
 def bench_serve(model: str, tokenizer=None, n: int = 64, rate: float = 50.0, kv_cache_bytes: int | None = None,
                 max_model_len: int | None = None, max_num_seqs: int = 64, prompt_median: float | None = None,
-                output_median: float | None = None) -> dict:
+                output_median: float | None = None, simulated: bool = False) -> dict:
     """The same skewed workload under each setting, side by side in one process; ratios between them.
     Defaults: lengths scale with max_model_len (prompt median 15%, output median 12.5% of it, log-normal
     sigma 0.8, so at 1024 about ShareGPT's scale as the vLLM paper reports it: prompts ~160, outputs
     ~130 tokens, a tail to 512); the KV budget holds 16 full-length sequences (the contiguous cache's
     concurrency), so paged concurrency is bounded by max_num_seqs or by memory, whichever binds first; arrivals
-    at `rate` per second saturate the engine, so throughput measures the policy, not the arrival rate."""
+    at `rate` per second saturate the engine, so throughput measures the policy, not the arrival rate.
+    simulated: time every setting with one StepCost calibrated here first (bench/step_cost.py) instead of the
+    wall clock, so a busy machine changes the scale of the numbers but not their ratios."""
     net, tok = load(model, tokenizer)
     L = max_model_len or net.config.max_seq_len
     kv = kv_cache_bytes or 16 * L * net.config.kv_bytes_per_token(4)
@@ -131,7 +133,8 @@ def bench_serve(model: str, tokenizer=None, n: int = 64, rate: float = 50.0, kv_
             ("continuous, contiguous cache", wl, dict(block_size=L)),
             ("shared prefix, no caching", shared, dict()),
             ("shared prefix, prefix caching", shared, dict(enable_prefix_caching=True))]
-    res = {label: replay(net, tok, w, label, **common, **opt).as_dict() for label, w, opt in runs}
+    cost = StepCost.calibrate(net, tok) if simulated else None     # one cost model for every setting
+    res = {label: replay(net, tok, w, label, step_cost=cost, **common, **opt).as_dict() for label, w, opt in runs}
     ratios = {"continuous / static throughput": res["continuous"]["throughput"] / res["static"]["throughput"],
               "paged KV waste (block 16)": res["continuous"]["kv_waste"],
               "contiguous KV waste": res["continuous, contiguous cache"]["kv_waste"],
@@ -147,5 +150,6 @@ def bench_serve(model: str, tokenizer=None, n: int = 64, rate: float = 50.0, kv_
                 "output_tokens_mean": mean([r.max_tokens for r in wl]),
                 "output_tokens_median": float(np.median([r.max_tokens for r in wl])),
                 **lengths}
-    return {"bench": "serve", "model": str(model), "requests": n, "rate": rate, "kv_cache_bytes": kv,
+    return {"bench": "serve", "model": str(model), "clock": cost.describe() if cost else "wall",
+            "requests": n, "rate": rate, "kv_cache_bytes": kv,
             "max_model_len": L, "max_num_seqs": max_num_seqs, "workload": workload, "runs": res, "ratios": ratios}

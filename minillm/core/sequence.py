@@ -27,6 +27,18 @@ class RequestMetrics:
     num_preemptions: int = 0
     num_cached_tokens: int = 0      # prompt tokens whose K/V came from the prefix cache
 
+    @property
+    def time_to_first_token(self) -> Optional[float]:
+        """TTFT in seconds: arrival to first token (queueing + prefill); None before the first token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def time_per_output_token(self) -> Optional[float]:
+        """TPOT in seconds: the mean gap between output tokens after the first; None with fewer than two."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
 
 class Sequence:
     def __init__(self, seq_id: int, request_id: str, index: int, prompt_ids: list[int],
