@@ -86,6 +86,8 @@ def main(argv=None) -> int:
               "python -m minillm COMMAND -h   a command's flags", file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 1
     cmd, rest = argv[0], argv[1:]
+    import warnings
+    warnings.formatwarning = lambda message, category, *args, **kw: f"warning: {message}\n"   # one line, no source
     try:
         return _command(cmd)(rest)
     except (ValueError, FileNotFoundError, TypeError) as e:  # a user's mistake: one line, no traceback, exit 2

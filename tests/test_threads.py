@@ -40,18 +40,16 @@ def test_a_busy_loop_beside_us_is_seen_and_leaves_a_core_free():
         hog.wait()
 
 
-def test_our_own_work_is_not_counted_as_busy():
-    import threading
-    stop = time.time() + 0.5
-
-    def spin():
-        while time.time() < stop:
-            pass
-    t = threading.Thread(target=spin)
-    t.start()
-    busy = threads.busy_cores(0.3)       # our own thread spins: excluded
-    t.join()
-    assert busy < 0.9
+def test_our_own_work_is_not_counted_as_busy(monkeypatch):
+    """The arithmetic, on made-up counters: 2 CPUs, 100 jiffies each over the sample; 150 busy of which this
+    process used 0.5 core's worth (its own threads): 1.5 - 0.5 = 1.0 core busy with other work."""
+    readings = iter([(1000, 4000), (1150, 4200)])                      # (busy, total) jiffies, all CPUs
+    own = iter([10.0, 10.0 + 0.5 * 0.2])                               # our CPU seconds over a 0.2 s sample
+    monkeypatch.setattr(threads, "_cpu_jiffies", lambda: next(readings))
+    monkeypatch.setattr(threads, "_own_cpu_seconds", lambda: next(own))
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    assert threads.busy_cores(0.2) == pytest.approx(1.0)
 
 
 def test_use_threads_sets_torch_even_after_numba_launches(keep_threads):

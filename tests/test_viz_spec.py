@@ -82,7 +82,7 @@ def test_spec_text_html_colours_each_outcome_and_escapes():
     assert body.index("> dog<") < body.index("> ran<") < body.index("><br><")
     # prev_token: the prompt's last token first, then each emitted token; a rejected draft follows the last accepted
     assert tok.prevs[1:] == [0, 1, 2, 3, 4, 5, 5, 7, 7]
-    assert "4 of 6 drafts accepted (alpha = 0.67)" in h                            # the legend's summary
+    assert "4 of 6 drafts accepted (acceptance rate, accepted / drafted = 0.67)" in h      # the legend's summary
     for kind in ("accepted", "rejected", "target"):
         assert STYLE[kind] in h[:h.index("white-space:pre-wrap")]                  # the legend
     assert viz.spec_text_html(EVENTS, FakeTokenizer(), prompt_ids=[0]) == h        # deterministic

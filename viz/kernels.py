@@ -142,7 +142,7 @@ def plot_fusion(rows, title: str = "fused vs unfused: bytes moved and time"):
         for bar, v in zip(a, un):
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), fmt(v), ha="center", va="bottom", fontsize=7)
         for bar, v, u in zip(b, fu, un):
-            ratio = f"\n{u / v:.1f}x less" if v > 0 else ""
+            ratio = "" if v <= 0 else f"\n{u / v:.1f}x less" if u >= v else f"\n{v / u:.1f}x more"
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), fmt(v) + ratio, ha="center", va="bottom",
                     fontsize=7)
         ax.set_xticks(x)

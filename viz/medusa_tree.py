@@ -48,6 +48,15 @@ def ancestor_mask(parents) -> np.ndarray:
     return m
 
 
+def visible_label(text) -> str:
+    """A token's text as a tree label that is never blank: a newline as \\n, a tab as \\t, a label of spaces
+    only as one \u2423 (open box) per space, and an empty string as ''. Other labels keep their spaces."""
+    text = str(text).replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    if not text.strip():
+        text = text.replace(" ", "\u2423")
+    return text or "''"
+
+
 def _tidy_x(parents: list[int]) -> list[float]:
     """Leaves on consecutive columns in depth-first order (children by index); a parent centred over
     its first and last child."""
@@ -78,7 +87,7 @@ def draw_medusa_tree(tokens, parents, mask, labels=None, accepted=None):
     candidate continuation is scored in one forward pass without seeing its siblings.
 
     tokens: (N,) ids; parents: (N,) with -1 for the root; mask: (N, N) bool, torch or numpy;
-    labels: N strings; accepted: node indices on the accepted path."""
+    labels: N strings (whitespace drawn visibly: visible_label); accepted: node indices on the accepted path."""
     tokens = [int(t) for t in tokens]
     parents = [int(p) for p in parents]
     n = len(tokens)
@@ -104,8 +113,7 @@ def draw_medusa_tree(tokens, parents, mask, labels=None, accepted=None):
             ax_t.plot([x[p], x[i]], [-depth[p], -depth[i]], "-", color=ACCEPTED_COLOR if hot else "#999999",
                       lw=2.5 if hot else 1.0, zorder=1)
     for i in range(n):
-        text = labels[i] if labels is not None else str(tokens[i])
-        text = str(text).replace("\n", "\\n")
+        text = visible_label(labels[i]) if labels is not None else str(tokens[i])
         hot = i in on_path
         ax_t.text(x[i], -depth[i], text, ha="center", va="center", fontsize=9, zorder=3,
                   color="white" if hot else "black", fontweight="bold" if hot else "normal",

@@ -1,15 +1,16 @@
 """Quantization, drawn: weight and activation value ranges (and the outlier channels SmoothQuant is
-for), per-channel quantization error, perplexity against weight bytes (the Pareto picture), and the
-speedup of quantized decode against batch size.
+for), per-channel quantization error, perplexity against weight bytes (the Pareto picture), the
+speedup of quantized decode against batch size, and the memory-bound GEMV regime (bytes against the
+last-level cache, time per token).
 
 Each function draws plain data (tensors or arrays, minillm.bench.quant's `runs` dict, measured
-tok/s lists); nothing here quantizes or times anything.
+tok/s lists, bench_gemv's result); nothing here quantizes or times anything.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._figure import COLORS, finish, mib, new_figure
+from ._figure import COLORS, finish, human_bytes, mib, new_figure
 
 OUTLIER_FACTOR = 6.0          # a channel is an outlier when its absmax is > 6x the median channel's
 OUTLIER_COLOR = "#C44E52"
@@ -95,33 +96,129 @@ def plot_channel_error_heatmap(err, title: str = ""):
     return fig
 
 
+def _overlaps(a, b, pad: float = 1.0) -> bool:
+    return not (a.x1 + pad <= b.x0 or b.x1 + pad <= a.x0 or a.y1 + pad <= b.y0 or b.y1 + pad <= a.y0)
+
+
+def place_labels(ax, xs, ys, labels, fontsize: float = 8, step: float = 11.0):
+    """Label each point (xs[i], ys[i]) with labels[i] so that no two labels overlap each other or a
+    point, inside the axes: each label (top point first) takes the first free spot right of its point,
+    then left of it, stepping `step` points up and down; a label moved off its point gets a thin leader
+    line. Several schemes often sit on the same spot (int8, q8_0, W8A8 at the same bytes and
+    perplexity), so their labels stack beside it. -> the annotations, in the order of `labels`."""
+    from matplotlib.transforms import Bbox
+    fig = ax.figure
+    fig.canvas.draw()                                                # settles the limits; gives a renderer
+    renderer = fig.canvas.get_renderer()
+    pts = ax.transData.transform(np.column_stack([xs, ys]))         # (n, 2) display pixels
+    px = fig.dpi / 72.0                                              # pixels per point
+    frame = ax.get_window_extent(renderer)
+    taken = [Bbox.from_extents(x - 4 * px, y - 4 * px, x + 4 * px, y + 4 * px) for x, y in pts]
+    offsets = [None] * len(labels)
+    for i in sorted(range(len(labels)), key=lambda k: (-pts[k, 1], pts[k, 0])):
+        t = ax.text(0, 0, labels[i], fontsize=fontsize)
+        bb = t.get_window_extent(renderer)
+        w, h = bb.width, bb.height
+        t.remove()
+        best = None
+        spots = [(side, sign * k * step * px) for side in (1, -1)   # right of the point, then left
+                 for k in range(13) for sign in ((1,) if k == 0 else (-1, 1))]
+        for side, dy in spots:
+            x0 = pts[i, 0] + 6 * px if side == 1 else pts[i, 0] - 6 * px - w
+            box = Bbox.from_bounds(x0, pts[i, 1] + dy - h / 2, w, h)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(_overlaps(box, o) for o in taken):
+                best = (side, dy, box)
+                break
+        if best is None:                                             # nowhere free: right of the point
+            best = (1, 0.0, Bbox.from_bounds(pts[i, 0] + 6 * px, pts[i, 1] - h / 2, w, h))
+        taken.append(best[2])
+        offsets[i] = best
+    out = []
+    for i, (side, dy, _) in enumerate(offsets):
+        far = abs(dy) > 0.6 * step * px
+        out.append(ax.annotate(labels[i], (xs[i], ys[i]), textcoords="offset points",
+                               xytext=(6 * side, dy / px), ha="left" if side == 1 else "right", va="center",
+                               fontsize=fontsize,
+                               arrowprops=dict(arrowstyle="-", color="#999999", lw=0.6, shrinkA=0, shrinkB=3)
+                               if far else None))
+    return out
+
+
 def plot_pareto(rows: dict, baseline: str | None = None):
     """Perplexity change (%) against weight bytes, one labelled point per scheme: `rows` is
     minillm.bench.quant.bench_quant()['runs'] ({label: {'weight_bytes', 'perplexity', ...}}).
     Down and to the left is better; delta_ppl is used when present, else computed against
-    `baseline` (default: the first row)."""
+    `baseline` (default: the first row). Labels never overprint (place_labels): schemes on the same
+    spot get stacked labels with leader lines."""
     if not rows:
         raise ValueError("no rows to plot")
     base = rows[baseline or next(iter(rows))]
-    fig, axes = new_figure(width=7.6, height=4.4)
+    fig, axes = new_figure(width=7.6, height=4.6)
     ax = axes[0][0]
+    xs, ys = [], []
     for i, (label, r) in enumerate(rows.items()):
         d = r.get("delta_ppl", r["perplexity"] / base["perplexity"] - 1) * 100
         x = mib(r["weight_bytes"])
         color = OUTLIER_COLOR if "outlier" in label else SERIES_COLORS[i % len(SERIES_COLORS)]
         ax.scatter([x], [d], color=color, s=40, zorder=3)
-        ax.annotate(label, (x, d), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        xs.append(x)
+        ys.append(d)
     ax.axhline(0.0, color="#888888", lw=1, ls="--")
     ax.set_xlabel("weight bytes (MiB)")
     ax.set_ylabel("perplexity change vs float32 (%)")
     ax.set_title("quality against size: down and left is better")
     ax.grid(alpha=0.3)
+    span_x, span_y = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    ax.set_xlim(min(xs) - 0.35 * span_x, max(xs) + 0.35 * span_x)  # room for labels on both sides
+    ax.set_ylim(min(ys) - 0.3 * span_y, max(ys) + 0.3 * span_y)
+    fig.tight_layout()
+    place_labels(ax, xs, ys, list(rows))
+    return fig
+
+
+def plot_gemv_regime(res: dict):
+    """minillm.bench.quant.bench_gemv's result, two panels per format. Left (memory): the weight bytes one
+    token reads, with the last-level cache as a dashed line (above it, every pass comes from main memory).
+    Right (speed): milliseconds per token (one pass over the layers), each bar labelled with its speedup
+    over the first format (above 1x: faster) and its effective bandwidth."""
+    rows = res["rows"]
+    if not rows:
+        raise ValueError("no formats to plot")
+    names = list(rows)
+    colors = [SERIES_COLORS[i % len(SERIES_COLORS)] for i in range(len(names))]
+    fig, axes = new_figure(ncols=2, width=11.0, height=3.8)
+    ax_m, ax_t = axes[0]
+    mb = [mib(rows[n]["weight_bytes"]) for n in names]
+    bars = ax_m.bar(names, mb, color=colors)
+    for b, n in zip(bars, names):
+        ax_m.annotate(human_bytes(rows[n]["weight_bytes"]), (b.get_x() + b.get_width() / 2, b.get_height()),
+                      textcoords="offset points", xytext=(0, 3), ha="center", fontsize=9)
+    llc = res.get("llc_bytes")
+    if llc:
+        ax_m.axhline(mib(llc), color="#C44E52", ls="--", lw=1.2, label=f"last-level cache: {human_bytes(llc)}")
+        ax_m.legend(frameon=False, fontsize=8, loc="upper right")
+    N, K = res["shape"]
+    ax_m.set(ylabel="weights read per token (MiB)", ylim=(0, max(mb) * 1.18),
+             title=f"memory: {res['layers']} layers of {N} x {K}" + ("" if llc else " (cache size unknown)"))
+    ms = [rows[n]["ms_per_token"] for n in names]
+    bars = ax_t.bar(names, ms, color=colors)
+    for b, n in zip(bars, names):
+        r = rows[n]
+        ax_t.annotate(f"{r['speedup']:.2f}x {names[0]}\n{r['gb_s']:.1f} GB/s",
+                      (b.get_x() + b.get_width() / 2, b.get_height()), textcoords="offset points", xytext=(0, 3),
+                      ha="center", fontsize=9)
+    ax_t.set(ylabel="ms per token (median)", ylim=(0, max(ms) * 1.3),
+             title=f"speed: batch-1 GEMVs, {res['threads']} thread(s)")
+    for ax in (ax_m, ax_t):
+        ax.grid(alpha=0.3, axis="y")
     return finish(fig)
 
 
-def plot_speedup_vs_batch(rows: dict, baseline: str = "fp32"):
+def plot_speedup_vs_batch(rows: dict, baseline: str = "fp32", title: str | None = None):
     """Decode speedup over `baseline` against batch size (log x): `rows` is {scheme: [(batch, tok_s),
-    ...]}; each scheme's tok/s is divided by the baseline's at the same batch size."""
+    ...]}; each scheme's tok/s is divided by the baseline's at the same batch size. The default title
+    only says how to read the plot (the points say whether quantization paid; pass a title that does)."""
     if baseline not in rows:
         raise ValueError(f"rows need the baseline {baseline!r}; got {sorted(rows)}")
     base = dict(rows[baseline])
@@ -139,7 +236,7 @@ def plot_speedup_vs_batch(rows: dict, baseline: str = "fp32"):
     ax.set_xticklabels([str(b) for b in batches])
     ax.set_xlabel("batch size (sequences decoding together)")
     ax.set_ylabel(f"decode tok/s / {baseline}'s")
-    ax.set_title("weight-only quantization pays at small batch, when decode is memory-bound")
+    ax.set_title(title or f"decode tok/s relative to {baseline} (above 1: faster than {baseline})")
     ax.grid(alpha=0.3)
     ax.legend()
     return finish(fig)

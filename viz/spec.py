@@ -3,9 +3,11 @@ tokens, rejected ones struck through where they were rejected, the target's own 
 rate and speedup against gamma and against batch size (the Medusa token tree is in viz.medusa_tree).
 
 Notation: p = the target's distribution, q = the draft's, gamma = tokens drafted per step,
-alpha = the acceptance rate E[sum_x min(p, q)] (spec_counts reports the plain ratio accepted / drafted,
-which undercounts it: drafts after a rejection are never examined). Each function draws plain data (lists of per-step
-event dicts, rows of measured numbers, the tree's parents and mask); nothing here runs a model.
+alpha = E[sum_x min(p, q)], the chance that one examined draft is accepted. spec_counts and the HTML report
+the acceptance rate, accepted / drafted, which is lower: drafts after a step's first rejection are
+discarded without being examined (with independent slots, accepted / drafted =
+alpha (1 - alpha^gamma) / ((1 - alpha) gamma)). Each function draws plain data (lists of per-step
+event dicts, rows of measured numbers, the tree's parents and mask, byte counts); nothing here runs a model.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import html
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ._figure import finish, new_figure
+from ._figure import finish, human_bytes, new_figure
 from .medusa_tree import ACCEPTED_COLOR, ancestor_mask, draw_medusa_tree  # noqa: F401  (viz.spec keeps its names)
 
 SERIES_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD"]
@@ -49,8 +51,8 @@ def _check_event(i: int, ev: dict) -> tuple[list[int], int, list[int]]:
 
 def spec_counts(events) -> dict:
     """Totals over one sequence's steps: drafted, accepted and emitted tokens, the number of steps,
-    alpha (acceptance rate) (nan when nothing was drafted) and tokens emitted per step (per target
-    forward)."""
+    the acceptance rate accepted / drafted (nan when nothing was drafted; not alpha: drafts after a
+    rejection count as drafted but are never examined) and tokens emitted per step (per target forward)."""
     drafted = accepted = emitted = 0
     for i, ev in enumerate(events):
         d, a, e = _check_event(i, ev)
@@ -144,10 +146,10 @@ def spec_text_html(events, tokenizer, prompt_ids=None) -> str:
         tail = decoder.decode(b"", final=True)                      # a character left unfinished at the end
         if tail:
             parts.append(html.escape(tail))
-    alpha = counts["acceptance_rate"]
+    rate = counts["acceptance_rate"]
     legend = " ".join(_span(k, v, v) for k, v in LEGEND.items())
     summary = (f'{counts["steps"]} steps: {counts["accepted"]} of {counts["drafted"]} drafts accepted '
-               f'(alpha = {alpha:.2f}), {counts["emitted"]} tokens emitted '
+               f'(acceptance rate, accepted / drafted = {rate:.2f}), {counts["emitted"]} tokens emitted '
                f'({counts["tokens_per_step"]:.2f} per target step)' if counts["steps"] else "no steps")
     return ('<div class="minillm-spec" style="font-family:monospace;line-height:1.6">'
             f'<div style="font-size:85%;margin-bottom:0.4em">{legend}<br>{html.escape(summary)}</div>'
@@ -240,6 +242,34 @@ def plot_acceptance_bars(alpha_by_method: dict):
     ax.set_xticklabels(names)
     ax.set(ylim=(0, 1.1), ylabel="alpha (acceptance rate)", title="acceptance rate per proposer")
     ax.grid(alpha=0.3, axis="y")
+    return finish(fig)
+
+
+def plot_spec_memory(parts: dict, title: str = ""):
+    """What speculation adds to memory, beside what the target already holds: one horizontal bar per
+    entry of `parts` ({name: bytes}, e.g. minillm.bench.spec_memory.spec_memory()'s "parts"), log x,
+    each labelled with its size. A name starting with "target" is drawn grey (the baseline), the rest
+    (the additions) in colour."""
+    if not parts:
+        raise ValueError("nothing to plot")
+    names = list(parts)
+    values = [float(parts[n]) for n in names]
+    if any(v <= 0 for v in values):
+        raise ValueError(f"every part needs a positive byte count (log axis), got {parts}")
+    fig, axes = new_figure(width=8.6, height=0.42 * len(names) + 1.4)
+    ax = axes[0][0]
+    colors = ["#BBBBBB" if n.startswith("target") else SERIES_COLORS[i % len(SERIES_COLORS)]
+              for i, n in enumerate(names)]
+    y = np.arange(len(names))[::-1]
+    ax.barh(y, values, color=colors)
+    for yi, v in zip(y, values):
+        ax.annotate(human_bytes(v), (v, yi), textcoords="offset points", xytext=(4, 0), va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(min(values) / 2, max(values) * 8)
+    ax.set_yticks(y)
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set(xlabel="bytes (log)", title=title or "memory: what speculation adds (colour) beside the target (grey)")
+    ax.grid(alpha=0.3, axis="x")
     return finish(fig)
 
 

@@ -25,9 +25,10 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
     net = backend_model(net, backend)
     if backend == "numba":       # as `run --backend numba`: numba's threads work, torch's would spin against them
         import numba
-        numba.set_num_threads(check_threads(threads) if threads else min(fair_threads(), numba.get_num_threads()))
+        n = check_threads(threads) if threads is not None else min(fair_threads(), numba.get_num_threads())
+        numba.set_num_threads(n)
         torch.set_num_threads(1)
-    elif threads:
+    elif threads is not None:
         use_threads(threads)
     else:
         auto_threads()          # the cores free now: a busy core makes a full-size pool spin-wait

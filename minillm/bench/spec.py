@@ -9,6 +9,7 @@ Measured per configuration, from the engine's own trace and counters (notation: 
     t1     the plain run's mean decode step: the target's one-token step, engine included (means throughout,
            so that t1, r and the measured ratio of summed step times are the same kind of number)
     alpha  mean over examined draft slots of sum_x min(p, q) (greedy: [x == argmax p])
+    acceptance   accepted / drafted: below alpha, as drafts after a step's first rejection are never examined
     c      draft time per drafted token / t1
     r      mean (speculative step - its drafting) / t1: the target's forward over k + 1 tokens plus verification
     predicted    E(alpha, gamma) / (gamma c + r), E = (1 - alpha^(gamma+1)) / (1 - alpha)
@@ -81,10 +82,16 @@ def analyse(label: str, gamma: int, run: dict, plain: dict) -> dict:
          if batch_of(run) == 1 else float("nan"))
     e_k = sum(expected_tokens(alpha, k) for k in ks) / max(len(ks), 1)
     return {"proposer": label, "gamma": gamma, "alpha": alpha, "c": c, "r": r, "k_mean": k_mean,
+            "acceptance": st["accepted"] / st["drafted"] if st["drafted"] else 0.0,
             "tokens_per_step": st["emitted"] / max(st["rows"], 1), "expected_tokens": expected_tokens(alpha, gamma),
             "predicted": predicted_speedup(alpha, gamma, c, r), "predicted_k": e_k / (k_mean * c + r),
             "measured": plain["decode_seconds"] / run["decode_seconds"], "wall_speedup": plain["wall"] / run["wall"],
             "same_as_plain": run["outputs"] == plain["outputs"]}
+
+
+def _rows_per_step(run: dict) -> float:
+    """Sequences decoding together in a mean decode step (the batch the sweep reached)."""
+    return statistics.mean(len(s.seq_ids) for s in run["steps"]) if run["steps"] else 0.0
 
 
 def batch_of(run: dict) -> int:
@@ -113,11 +120,16 @@ def bench_spec(model: str = "shakespeare", tokenizer=None, prompts: int = 32, ma
     sweep, T = [], best["temperature"]
     spec = next(s for lab, s, _ in (configs or CONFIGS) if lab == best["proposer"])
     for b in batches:                                                # does speculation still pay as the batch grows?
-        plain = run_once(net, tok, ps, T, max_tokens, batch=b)
-        sp = run_once(net, tok, ps, T, max_tokens, {**spec, "gamma": best["gamma"]}, batch=b)
+        pb = ps if b <= len(ps) else held_out_prompts(tok, b)        # at least b requests, so b of them run together
+        plain = run_once(net, tok, pb, T, max_tokens, batch=b)
+        sp = run_once(net, tok, pb, T, max_tokens, {**spec, "gamma": best["gamma"]}, batch=b)
         sweep.append({"batch": b, "plain_tok_s": plain["tokens"] / plain["decode_seconds"],
                       "spec_tok_s": sp["tokens"] / sp["decode_seconds"],
-                      "speedup": plain["decode_seconds"] / sp["decode_seconds"]})
+                      "speedup": plain["decode_seconds"] / sp["decode_seconds"],
+                      # the speedup's two factors: tokens each sequence gains per step, over the step's cost
+                      "tokens_per_step": sp["stats"]["emitted"] / max(sp["stats"]["rows"], 1),
+                      "plain_step_ms": plain["step_mean"] * 1e3, "spec_step_ms": sp["step_mean"] * 1e3,
+                      "plain_rows_per_step": _rows_per_step(plain), "spec_rows_per_step": _rows_per_step(sp)})
         log(f"  batch {b}: {best['proposer']} gamma {best['gamma']} at T={T:g}: {sweep[-1]['speedup']:.2f}x")
     return {"bench": "spec", "model": str(model), "prompts": prompts, "prompt_tokens": len(ps[0]),
             "max_tokens": max_tokens, "threads": torch.get_num_threads(),
@@ -130,14 +142,20 @@ def bench_spec(model: str = "shakespeare", tokenizer=None, prompts: int = 32, ma
 
 
 def print_table(res: dict):
+    """One line per (temperature, proposer, gamma), 80 columns wide: alpha, accepted / drafted, the costs c and
+    r, tokens per target step, the predicted (with the drafts made) and measured decode speedups."""
     print(f"{res['model']}: {res['prompts']} held-out prompts of {res['prompt_tokens']} tokens, "
           f"{res['max_tokens']} new, batch 1, {res['threads']} threads; plain decode step " +
           ", ".join(f"{v:.2f} ms at T={k}" for k, v in res["t1_ms"].items()))
-    cols = ["alpha", "c", "r", "k_mean", "tokens_per_step", "predicted", "predicted_k", "measured", "wall_speedup"]
-    print(f"{'T':>3} {'proposer':<14}{'gamma':>6}" + "".join(f"{c:>16}" for c in cols) + "  same output")
+    cols = [("alpha", "alpha"), ("acceptance", "acc/dr"), ("c", "c"), ("r", "r"), ("tokens_per_step", "tok/st"),
+            ("predicted_k", "pred"), ("measured", "meas")]
+    print(f"{'T':>3} {'proposer':<14}{'gamma':>5}" + "".join(f"{h:>7}" for _, h in cols) + "  same")
     for r in res["rows"]:
-        print(f"{r['temperature']:>3g} {r['proposer']:<14}{r['gamma']:>6}" + "".join(f"{r[c]:>16.3f}" for c in cols)
-              + f"  {r['same_as_plain'] if r['temperature'] == 0 else '-'}")
+        print(f"{r['temperature']:>3g} {r['proposer']:<14}{r['gamma']:>5}" +
+              "".join(f"{r.get(c, float('nan')):>7.2f}" for c, _ in cols) +
+              f"  {r['same_as_plain'] if r['temperature'] == 0 else '-'}")
+    print("acc/dr: accepted / drafted; tok/st: tokens per target step; pred: predicted speedup (drafts made); "
+          "meas: measured")
     b = res["best"]
     print(f"the best configuration ({b['proposer']} gamma {b['gamma']}, T={b['temperature']:g}) as the batch grows:")
     for s in res["batch_sweep"]:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..spec_decode.medusa_heads import MedusaHeads, save_medusa
+from ..threads import use_threads
 
 
 # ---------------------------------------------------------------------------- training and evaluation
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     from ..formats.loader import load
-    torch.set_num_threads(a.threads)
+    use_threads(a.threads)
     target, _ = load(a.model)
     train_ids = np.load(os.path.join(a.data_dir, "train.npy"))
     val_ids = np.load(os.path.join(a.data_dir, "val.npy"))

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import pickle
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
@@ -30,6 +31,7 @@ from ..formats.llama2c import load_bin, save_bin
 from ..formats.loader import load_checkpoint
 from ..llama.transformer import Transformer
 from ..progress import progress
+from ..threads import auto_threads, use_threads
 
 
 @dataclass
@@ -154,13 +156,25 @@ def load_state(path) -> dict:
     return st
 
 
+def run_label(model_cfg: ModelConfig, out_dir: str) -> str:
+    """What a training run's progress bar is called: its folder's name ("runs/shakespeare" -> "shakespeare"),
+    or the model's shape when the folder is a temporary one (a notebook's tempfile.mkdtemp() says nothing)."""
+    folder = os.path.basename(os.path.normpath(out_dir))
+    temp = os.path.realpath(tempfile.gettempdir())
+    if folder and not os.path.realpath(out_dir).startswith(temp + os.sep):
+        return folder
+    c = model_cfg
+    return f"model dim {c.dim}, {c.n_layers} layers, {c.num_params() / 1e6:.2f} M params"
+
+
 def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarray, tc: TrainConfig,
           teacher: Optional[Transformer] = None, resume: bool = False, log=print,
-          init_from: Optional[str] = None, kd_loss_fn: Callable = kd_loss) -> dict:
+          init_from: Optional[str] = None, kd_loss_fn: Callable = kd_loss, name: Optional[str] = None) -> dict:
     """Train until early stopping, max_steps or the time limit. Returns a summary dict.
     Files in tc.out_dir: state.pt (resume), model.bin (best so far, llama2.c v0), log.jsonl, summary.json.
     With a teacher, each step's loss is kd_loss_fn(student_logits, teacher_logits, targets, T, lambda): kd_loss
-    unless another is given (notebook 09's exercise plugs the reader's in here)."""
+    unless another is given (notebook 09's exercise plugs the reader's in here). name labels the progress bar
+    (default: run_label(model_cfg, tc.out_dir))."""
     os.makedirs(tc.out_dir, exist_ok=True)
     state_path, log_path = os.path.join(tc.out_dir, "state.pt"), os.path.join(tc.out_dir, "log.jsonl")
     model_cfg.dropout = tc.dropout
@@ -190,7 +204,7 @@ def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
         teacher.eval()
     model.train()
     stop_reason, t_start = "max_steps", time.perf_counter() - seconds
-    bar = progress(tc.max_steps, step, os.path.basename(tc.out_dir))
+    bar = progress(tc.max_steps, step, name or run_label(model_cfg, tc.out_dir))
     while step < tc.max_steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
@@ -336,8 +350,10 @@ def main(argv: list[str]) -> int:
                             type=float if f.type in ("float", "Optional[float]") else int, default=f.default)
     a = ap.parse_args(argv)
     check_out_dir(a.out, a.resume, a.force)  # before the data is prepared: minutes, for a run that would be refused
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    if a.threads is not None:
+        use_threads(a.threads)
+    else:
+        auto_threads()
     tc = TrainConfig(out_dir=a.out, **{k: getattr(a, k) for k in TrainConfig.__dataclass_fields__ if k != "out_dir"})
     data_dir = a.data_dir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "data")
     tok, train_ids, val_ids = prepare_data(data_dir, a.vocab_size, a.tokenizer)
