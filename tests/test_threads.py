@@ -66,3 +66,13 @@ def test_auto_threads_keeps_a_users_choice(keep_threads):
     threads._chosen = False
     if threads.num_cores() > 1:
         assert threads.auto_threads() == 1          # not torch's default: somebody chose; left alone
+
+
+def test_print_machine_warns_when_busy(monkeypatch, capsys, keep_threads):
+    from minillm.bench import sysinfo
+    monkeypatch.setattr(threads, "busy_cores", lambda sample_s=0.2: 1.0)
+    sysinfo.print_machine()
+    assert "WARNING: this machine is busy (1.0 of" in capsys.readouterr().out
+    monkeypatch.setattr(threads, "busy_cores", lambda sample_s=0.2: 0.1)
+    sysinfo.print_machine()
+    assert "WARNING" not in capsys.readouterr().out
