@@ -74,7 +74,7 @@ def check_threads(n: int) -> int:
 
 
 def use_threads(n: int | None = None) -> int:
-    """Set torch's (and numba's, if loaded) thread count: `n` if given (checked), else fair_threads().
+    """Set torch's, numpy's BLAS and (if loaded) numba's thread count: `n` if given (checked), else fair_threads().
     Returns the count set."""
     import sys
 
@@ -85,6 +85,11 @@ def use_threads(n: int | None = None) -> int:
         import numba
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     torch.set_num_threads(n)
+    try:                         # numpy's BLAS (OpenBLAS) has a spinning pool of its own
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(n, user_api="blas")
+    except ImportError:
+        pass
     _chosen = True
     return n
 

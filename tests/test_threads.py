@@ -11,8 +11,10 @@ from minillm import threads
 
 @pytest.fixture
 def keep_threads():
+    from threadpoolctl import threadpool_limits
     before, chosen = torch.get_num_threads(), threads._chosen
-    yield
+    with threadpool_limits(limits=None):       # restores numpy's BLAS pool afterwards
+        yield
     torch.set_num_threads(before)
     threads._chosen = chosen
 
@@ -59,6 +61,8 @@ def test_use_threads_sets_torch_even_after_numba_launches(keep_threads):
     assert threads.use_threads(1) == 1
     assert torch.get_num_threads() == 1
     assert numba.get_num_threads() == 1
+    from threadpoolctl import threadpool_info
+    assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
 
 
 def test_auto_threads_keeps_a_users_choice(keep_threads):
