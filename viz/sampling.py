@@ -51,11 +51,14 @@ def plot_next_token_distribution(logits, temperatures=(0.5, 1.0, 2.0), top_p: fl
 def sampling_explorer(logits, labels=None, k: int = 12):
     """Sliders for temperature and top-p over one row of logits (an ipywidgets.interactive)."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
+
+    from .widget import STYLE, show_figure
 
     def show(temperature=1.0, top_p=1.0):
-        plot_next_token_distribution(logits, (temperature,), top_p, k, labels)
-        plt.show()
+        show_figure(plot_next_token_distribution(logits, (temperature,), top_p, k, labels))
 
-    return widgets.interactive(show, temperature=widgets.FloatSlider(1.0, min=0.05, max=3.0, step=0.05),
-                               top_p=widgets.FloatSlider(1.0, min=0.05, max=1.0, step=0.05))
+    slider = dict(continuous_update=False, style=STYLE)
+    return widgets.interactive(show, temperature=widgets.FloatSlider(1.0, min=0.05, max=3.0, step=0.05,
+                                                                     description="temperature", **slider),
+                               top_p=widgets.FloatSlider(1.0, min=0.05, max=1.0, step=0.05, description="top_p",
+                                                         **slider))

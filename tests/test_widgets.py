@@ -1,0 +1,53 @@
+"""Every widget draws after every change (issue: an explorer once showed a blank, transparent figure while
+its numbers updated). Headless: each control is moved through its values, the callback runs, and the figure
+it shows must have visible pixels."""
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+import minillm.viz.widget as widget  # noqa: E402
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    figs = []
+
+    def keep(fig):
+        figs.append(fig)
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+    monkeypatch.setattr(widget, "show_figure", keep)
+    return figs
+
+
+def move_every_control(w, shown, values_of):
+    """Set each control of interactive `w` to each of its test values; every change must draw."""
+    for control in w.kwargs_widgets:
+        for value in values_of(control):
+            before = len(shown)
+            control.value = value                       # interactive re-runs its callback on a change
+            w.update()
+            assert len(shown) > before, f"{control.description}={value!r} drew nothing"
+            assert widget.is_drawn(shown[-1]), f"{control.description}={value!r} drew a blank figure"
+
+
+def slider_values(control):
+    return [control.min, (control.min + control.max) / 2, control.max]
+
+
+def test_the_sampling_explorer_draws_at_every_setting(shown):
+    from minillm.viz import sampling_explorer
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    w = sampling_explorer(logits, labels=[f"t{i}" if i % 7 else "\n" for i in range(50)])
+    assert all(c.style.description_width == "initial" for c in w.kwargs_widgets)   # labels not cut off
+    move_every_control(w, shown, slider_values)
+
+
+def test_a_blank_figure_is_caught():
+    import matplotlib.pyplot as plt
+    fig = plt.figure()
+    fig.patch.set_alpha(0)
+    assert not widget.is_drawn(fig)
+    plt.close(fig)
