@@ -147,9 +147,9 @@ def plot_fusion(rows, title: str = "fused vs unfused: bytes moved and time"):
                     fontsize=7)
         ax.set_xticks(x)
         ax.set_xticklabels([r["name"] for r in rows], fontsize=8)
-        ax.set_ylim(0, 1.3 * max(scale(v) for v in un + fu) or 1)
+        ax.set_ylim(0, 1.45 * max(scale(v) for v in un + fu) or 1)      # room for the labels and the legend
         ax.set(ylabel=unit, title=f"{key} moved" if key == "bytes" else "time")
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(frameon=False, fontsize=8, loc="upper right")
+        ax.legend(frameon=False, fontsize=8, loc="upper left", ncol=2)   # one line above the tallest label
     fig.suptitle(title, fontsize=10)
     return finish(fig)
