@@ -80,3 +80,13 @@ def test_chunked_prefill_shortens_the_longest_decode_stall(shakespeare):
         ends = [s.start + s.seconds for s in engine.trace.steps if s.num_decode_tokens]
         worst[chunked] = max(b - a for a, b in zip(ends, ends[1:]))       # the longest wait between two tokens
     assert worst[True] < worst[False] / 2
+
+
+def test_dynamic_batching_waits_out_its_window_on_the_simulated_clock(shakespeare):
+    """A dynamic batch waits for its window with no model call: the simulated clock must jump to the window's
+    end (it once stood still, and the replay never returned)."""
+    model, tok = shakespeare
+    wl = make_workload(3, tok.vocab_size, rate=5.0, prompt_median=8, output_median=4, max_len=128, seed=3)
+    r = replay(model, tok, wl, step_cost=COST, max_model_len=128, batching="dynamic", batch_window_s=0.05)
+    assert r.requests == 3
+    assert r.ttft_p50 >= 0.05              # every first token waited for a window (no batch filled it sooner)

@@ -1,11 +1,13 @@
-"""Serving pictures from the engine's records: the request timeline and the KV block map."""
+"""Serving pictures from the engine's records: the request timeline, per-step latency, KV memory over time, the
+KV block map, and the serving explorer."""
 from __future__ import annotations
 
 import numpy as np
 from matplotlib.colors import ListedColormap
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from ._figure import COLORS, finish, human_bytes, new_figure
+from ._figure import COLORS, finish, human_bytes, mib, new_figure
 
 _PHASES = {"prefill": 1, "decode": 2, "padding": 3, "fork": 2}
 
@@ -26,14 +28,31 @@ def plot_timeline(steps, title: str = "Who ran at each step"):
     cmap = ListedColormap(["white", COLORS["prefill"], COLORS["decode"], "#BBBBBB"])
     ax.imshow(grid, aspect="auto", cmap=cmap, vmin=0, vmax=3, interpolation="nearest")
     ax.set(ylabel="sequence", title=title, xticks=[])
-    ax.legend(handles=[Patch(color=COLORS["prefill"], label="prefill"), Patch(color=COLORS["decode"], label="decode"),
-                       Patch(color="#BBBBBB", label="padding")], frameon=False, loc="upper right", fontsize=8)
+    swatch = dict(ec="black", lw=0.5)             # an edge, so a swatch shows even beside bars of its own colour
+    ax.legend(handles=[Patch(color=COLORS["prefill"], label="prefill", **swatch),
+                       Patch(color=COLORS["decode"], label="decode", **swatch),
+                       Patch(color="#BBBBBB", label="padding", **swatch)],
+              loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)       # beside the grid, never over it
     ax2.bar(range(len(steps)), [len(s.seq_ids) for s in steps], color=COLORS["decode"], width=1.0, label="running")
     ax2.bar(range(len(steps)), [s.num_padding for s in steps], bottom=[len(s.seq_ids) for s in steps],
             color="#BBBBBB", width=1.0, label="padding")
     ax2.set(xlabel="engine step", ylabel="batch rows", xlim=(-0.5, len(steps) - 0.5))
-    ax2.legend(frameon=False, fontsize=8)
+    ax2.legend(handles=[Patch(color=COLORS["decode"], label="running", **swatch),
+                        Patch(color="#BBBBBB", label="padding", **swatch)],
+               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     return finish(fig)
+
+
+# Block map colours: one per sequence (by id, so a sequence keeps its colour from one snapshot to the next), and
+# one that no sequence gets for blocks several sequences share.
+_SEQ_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#937860", "#DA8BC3", "#CCB974", "#64B5CD"]
+_SHARED = "#6A3D9A"
+
+
+def _owner_color(owners) -> str:
+    if not owners:
+        return COLORS["free"]
+    return _SHARED if len(owners) > 1 else _SEQ_COLORS[owners[0] % len(_SEQ_COLORS)]
 
 
 def plot_block_map(snapshot, title: str = "KV pool: colour = owner, xN = shared by N, hatched = prefix-cached, "
@@ -43,27 +62,39 @@ def plot_block_map(snapshot, title: str = "KV pool: colour = owner, xN = shared 
     n = snapshot.num_blocks
     cols = int(np.ceil(np.sqrt(n * 2)))
     rows = int(np.ceil(n / cols))
-    fig, axes = new_figure(width=min(12, 0.5 * cols + 2), height=min(8, 0.5 * rows + 1.2))
+    fig, axes = new_figure(width=min(12, 0.5 * cols + 3.8), height=min(8, 0.5 * rows + 1.4))
     ax = axes[0][0]
     for b in range(n):
         r, c = divmod(b, cols)
         owners = snapshot.owners[b]
-        color = f"C{owners[0] % 10}" if owners else "#EEEEEE"
-        ax.add_patch(Rectangle((c, -r), 0.92, -0.92, color=color, alpha=0.35 if owners else 1,
+        color = _owner_color(owners)
+        ax.add_patch(Rectangle((c, -r), 0.92, -0.92, facecolor=color, alpha=0.35 if owners else 1,
                                hatch="//" if snapshot.cached[b] else None, ec="gray", lw=0.5))
         if owners:
             ax.add_patch(Rectangle((c, -r - 0.92), 0.92 * snapshot.filled[b] / snapshot.block_size,
-                                                                      0.18, color=color))
+                                   0.18, color=color))
         if len(owners) > 1:
             ax.text(c + 0.46, -r - 0.4, f"x{len(owners)}", ha="center", va="center", fontsize=7)
     ax.set(xlim=(0, cols), ylim=(-rows, 0.1), xticks=[], yticks=[], title=title)
     ax.set_aspect("equal")
+    alone = sorted({o[0] for o in snapshot.owners if len(o) == 1})
+    handles = [Patch(facecolor=_owner_color([s]), alpha=0.6, ec="gray", label=f"sequence {s}") for s in alone]
+    shared = sorted({len(o) for o in snapshot.owners if len(o) > 1})
+    if shared:
+        handles.append(Patch(facecolor=_SHARED, alpha=0.6, ec="gray",
+                             label="shared by " + " or ".join(f"{k}" for k in shared) + " (xN)"))
+    if any(snapshot.cached):
+        handles.append(Patch(facecolor="white", hatch="//", ec="gray", label="prefix-cached"))
+    handles.append(Patch(facecolor=COLORS["free"], ec="gray", label="free"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=7, title="owner",
+              title_fontsize=7)
     return finish(fig)
 
 
-def plot_memory_bars(by_setting: dict, title: str = "KV memory per request: used vs reserved but empty"):
+def plot_memory_bars(by_setting: dict, title: str = "KV memory per request at its end: used vs reserved but empty"):
     """by_setting: {label: [RequestMemory]} (minillm.bench.serve.memory_by_request). One panel per setting,
-    a stacked bar per request: bytes holding its tokens, bytes reserved but never written."""
+    a stacked bar per request: bytes holding its tokens, bytes reserved but never written, each request once, at
+    its end (its peak). The panel title's share is summed over the requests at their ends, not averaged over steps."""
     fig, axes = new_figure(ncols=len(by_setting), width=5 * len(by_setting), height=3.6)
     top = max(r.allocated_bytes for rows in by_setting.values() for r in rows) / 2**20
     for ax, (label, rows) in zip(axes[0], by_setting.items()):
@@ -74,8 +105,9 @@ def plot_memory_bars(by_setting: dict, title: str = "KV memory per request: used
         ax.bar(x, waste, bottom=used, color=COLORS["no cache"], alpha=0.45, label="wasted")
         total = sum(r.allocated_bytes for r in rows)
         share = sum(r.wasted_bytes for r in rows) / total if total else 0.0
-        ax.set(title=f"{label}: {share:.0%} wasted", xlabel="request", ylabel="MiB", ylim=(0, top * 1.05))
-        ax.legend(frameon=False, fontsize=8)
+        ax.set(title=f"{label}: {share:.0%} wasted at the requests' ends", xlabel="request", ylabel="MiB",
+               ylim=(0, top * 1.3))                             # headroom: the legend sits above the bars
+        ax.legend(loc="upper right", ncol=2, fontsize=8)
     fig.suptitle(title, fontsize=10)
     return finish(fig)
 
@@ -94,8 +126,8 @@ def plot_serve_comparison(results: list, title: str = ""):
         ax.bar(x, p50, color=COLORS["prefill"], label="p50")
         ax.errorbar(x, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p99)]], fmt="none", ecolor="black",
                     capsize=4, label="p99")
-        ax.set(ylabel="ms", title=name)
-        ax.legend(frameon=False, fontsize=8)
+        ax.set(ylabel="ms", title=name, ylim=(0, 1.3 * max(p99 + [1e-9])))   # headroom for the legend
+        ax.legend(loc="upper left", ncol=2, fontsize=8)
     for ax in axes[0]:
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
@@ -105,48 +137,223 @@ def plot_serve_comparison(results: list, title: str = ""):
     return finish(fig)
 
 
-def plot_latency_vs_throughput(sweeps: dict):
+def plot_latency_vs_throughput(sweeps: dict, point_labels=None):
     """sweeps: {label: [ServeResult dicts at increasing arrival rates]}. Each policy's curve: as the
-    load rises, throughput saturates and latency (TTFT p99) climbs; the knee is the policy's capacity."""
-    fig, axes = new_figure(width=6.4, height=3.8)
+    load rises, throughput saturates and latency (TTFT p99) climbs; the knee is the policy's capacity.
+    point_labels: one string per arrival rate (e.g. "2x"), written beside every curve's points."""
+    fig, axes = new_figure(width=7.4, height=4.0)
     ax = axes[0][0]
     for i, (label, rows) in enumerate(sweeps.items()):
-        ax.plot([r["throughput"] for r in rows], [r["ttft_p99"] * 1e3 for r in rows], "-o", ms=3, color=f"C{i}",
-                label=label)
-    ax.set(xlabel="throughput (output tokens / s)", ylabel="TTFT p99 (ms)", yscale="log",
+        x, y = [r["throughput"] for r in rows], [r["ttft_p99"] * 1e3 for r in rows]
+        ax.plot(x, y, "-o", ms=4, color=f"C{i}", label=label)
+        for text, xx, yy in zip(point_labels or [], x, y):
+            ax.annotate(text, (xx, yy), textcoords="offset points", xytext=(5, -9), fontsize=7, color=f"C{i}")
+    ax.set(xlabel="throughput (output tokens / s)", ylabel="TTFT p99 (ms)", ylim=(0, None),
            title="Latency against throughput as the arrival rate grows")
     ax.grid(alpha=0.3)
-    ax.legend(frameon=False, fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     return finish(fig)
+
+
+def longest_token_gap(steps) -> tuple[float, float, float]:
+    """The longest wait a decoding sequence sees between two of its tokens, from a trace:
+    (gap seconds, the step end it starts at, the one it ends at). Steps that compute no decode token (a prefill
+    of its own) leave every decoding sequence waiting."""
+    ends = [s.start + s.seconds for s in steps if s.num_decode_tokens]
+    if len(ends) < 2:
+        return 0.0, 0.0, 0.0
+    gap, a, b = max((b - a, a, b) for a, b in zip(ends, ends[1:]))
+    return gap, a, b
+
+
+_KIND_COLORS = {"prefill": COLORS["prefill"], "decode": COLORS["decode"], "mixed": COLORS["formula"]}
+
+
+def _step_kind(s) -> str:
+    """What a step computed: prompt tokens only, decode tokens only, or both (a chunked-prefill step)."""
+    if s.num_prefill_tokens and s.num_decode_tokens:
+        return "mixed"
+    return "prefill" if s.num_prefill_tokens else "decode"
+
+
+def plot_step_latency(runs: dict, arrival: float | None = None,
+                      title: str = "Per-step latency: each bar one model call, as wide and as tall as it took"):
+    """runs: {label: Trace.steps} timed on the same clock. One panel per run: every step a bar from its start,
+    as wide and as tall as it took (a long step is a big block), coloured by what it computed (prompt tokens,
+    decode tokens, or both: decodes and a prompt chunk); a vertical line at `arrival` (seconds), and the longest
+    wait between two decode tokens (longest_token_gap) marked above the bars."""
+    fig, axes = new_figure(nrows=len(runs), width=10, height=1.9 * len(runs) + 0.8)
+    top = 1e3 * max(s.seconds for steps in runs.values() for s in steps)
+    for ax, (label, steps) in zip(axes[:, 0], runs.items()):
+        for s in steps:
+            ax.bar(1e3 * s.start, 1e3 * s.seconds, width=1e3 * s.seconds, align="edge",
+                   color=_KIND_COLORS[_step_kind(s)], ec="white", lw=0.3)
+        gap, a, b = longest_token_gap(steps)
+        ax.annotate("", (1e3 * a, 1.15 * top), (1e3 * b, 1.15 * top), arrowprops=dict(arrowstyle="<->", lw=1))
+        ax.text(1e3 * (a + b) / 2, 1.2 * top, f"longest wait between two tokens: {1e3 * gap:.1f} ms",
+                ha="center", va="bottom", fontsize=8)
+        if arrival is not None:
+            ax.axvline(1e3 * arrival, color="black", ls=":", lw=1)
+        ax.set(ylabel="step (ms)", ylim=(0, 1.45 * top), title=label)
+        ax.title.set_fontsize(9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[-1][0].set_xlabel("time (ms)")
+    names = {"prefill": "prompt tokens only", "decode": "decode tokens only", "mixed": "decodes + a prompt chunk"}
+    handles = [Patch(color=c, label=names[k], ec="black", lw=0.5) for k, c in _KIND_COLORS.items()]
+    if arrival is not None:
+        handles.append(Line2D([], [], color="black", ls=":", label="long prompt arrives"))
+    axes[0][0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return finish(fig)
+
+
+def plot_kv_over_time(runs: dict, pool_bytes: int | None = None,
+                      title: str = "KV cache over time: blocks reserved and slots holding tokens"):
+    """runs: {label: Trace.steps}. One panel per run (shared axes): the bytes of the blocks in use after each
+    step (kv_bytes_used) and the bytes holding tokens (kv_bytes_filled); the gap between them is reserved but
+    empty (static batching's padding rows keep theirs until the batch ends)."""
+    fig, axes = new_figure(ncols=len(runs), width=3.6 * len(runs) + 1.4, height=3.2)
+    end = max(s.start + s.seconds for steps in runs.values() for s in steps)
+    for ax, (label, steps) in zip(axes[0], runs.items()):
+        t = [s.start + s.seconds for s in steps]
+        used = [mib(s.kv_bytes_used) for s in steps]
+        filled = [mib(s.kv_bytes_filled) for s in steps]
+        ax.fill_between(t, used, step="post", color=COLORS["no cache"], alpha=0.3, lw=0)
+        ax.fill_between(t, filled, step="post", color=COLORS["kv cache"], alpha=0.9, lw=0)
+        ax.set(title=f"{label}: peak {max(used):.2f} MiB", xlabel="time (s)", xlim=(0, end))
+        ax.title.set_fontsize(9)
+        if pool_bytes:
+            ax.axhline(mib(pool_bytes), color="black", ls=":", lw=1)
+        ax.grid(alpha=0.3)
+    for ax in axes[0][1:]:
+        ax.sharey(axes[0][0])
+        ax.tick_params(labelleft=False)
+    axes[0][0].set_ylabel("MiB")
+    handles = [Patch(color=COLORS["kv cache"], label="holding tokens"),
+               Patch(color=COLORS["no cache"], alpha=0.3, label="reserved, empty")]
+    if pool_bytes:
+        handles.append(Line2D([], [], color="black", ls=":", label="the pool"))
+    axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return finish(fig)
+
+
+def plot_ttft_vs_rate(rates, series: dict, title: str = "Time to first token as the arrival rate grows"):
+    """rates: arrival rates (requests/s); series: {label: {"p50": [seconds per rate], "p99": [...]}}.
+    One colour per label: p50 solid, p99 dashed."""
+    fig, axes = new_figure(width=7.4, height=3.8)
+    ax = axes[0][0]
+    for i, (label, ys) in enumerate(series.items()):
+        for key, style in (("p50", "-o"), ("p99", "--s")):
+            if key in ys:
+                ax.plot(rates, [1e3 * y for y in ys[key]], style, ms=4, color=f"C{i}", label=f"{label}, {key}")
+    from matplotlib.ticker import NullFormatter
+
+    ax.set(xscale="log", xlabel="arrival rate (requests / s)", ylabel="TTFT (ms)", title=title, ylim=(0, None))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(list(rates))
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:.3g}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    return finish(fig)
+
+
+def plot_block_size_cost(block_sizes, step_ms, waste, title: str = "Block size: time against memory"):
+    """block_sizes; step_ms: measured milliseconds (per decode step's attention) at each; waste: the share of
+    reserved KV bytes left empty at each. Left: the time small blocks cost; right: the memory large ones waste."""
+    fig, axes = new_figure(ncols=2, width=11, height=3.4)
+    ax, ax2 = axes[0]
+    labels = [str(b) for b in block_sizes]
+    ax.bar(labels, step_ms, color=COLORS["decode"])
+    ax.set(xlabel="block_size (tokens)", ylabel="ms", title="attention (gather + softmax) per decode step")
+    ax2.bar(labels, [100 * w for w in waste], color=COLORS["no cache"], alpha=0.7)
+    ax2.set(xlabel="block_size (tokens)", ylabel="% of reserved KV bytes empty", title="memory reserved but empty")
+    for a in (ax, ax2):
+        a.grid(axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    return finish(fig)
+
+
+def explorer_run(model, tokenizer, workload, max_model_len: int = 256, block_size: int = 16,
+                 kv_sequences: float = 4.0, batching: str = "continuous", token_budget: int = 0):
+    """One setting of the serving explorer: replay `workload` on a fresh engine (wall clock) -> (figure of its
+    timeline, a line of its numbers). The widget calls this for every change; tests call it directly."""
+    from ..bench.serve import replay
+
+    per_seq = max_model_len * model.config.kv_bytes_per_token(4)
+    opts = dict(block_size=block_size, max_model_len=max_model_len, kv_cache_bytes=int(kv_sequences * per_seq),
+                batching=batching, trace=True)
+    if token_budget and batching == "continuous":       # chunked prefill is a continuous-batching policy
+        opts.update(enable_chunked_prefill=True, max_num_batched_tokens=token_budget)
+    res, engine, _ = replay(model, tokenizer, workload, batching, return_engine=True, **opts)
+    line = (f"{res.throughput:.0f} tokens/s, TTFT p50 {res.ttft_p50 * 1e3:.0f} ms (wall clock), "
+            f"KV waste {res.kv_waste:.1%}, peak {res.peak_running} sequences, {res.preemptions} preemptions")
+    chunk = f", chunk budget {token_budget}" if token_budget and batching == "continuous" else ""
+    fig = plot_timeline(engine.trace.steps, title=f"{batching}, block_size {block_size}{chunk}")
+    return fig, line
 
 
 def serving_explorer(model, tokenizer, workload, max_model_len: int = 256):
     """Controls for block size, KV bytes, batching and the chunked-prefill token budget; each change
     replays `workload` (minillm.bench.workload requests) on a fresh engine and draws its timeline and numbers.
-    An ipywidgets.interactive (run it in a live notebook)."""
+    A VBox of the controls and an Output (run it in a live notebook). Each drawing is made here, shown with
+    display() inside the Output and then closed, so no figure is left for pyplot to show (or blank) elsewhere;
+    the last one stays in `.figure` (and its numbers in `.summary`) for tests."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
+    from IPython.display import display
 
-    from ..bench.serve import replay
+    style = {"description_width": "initial"}          # whole labels ("chunk budget", not "chunk bu...")
+    controls = [
+        widgets.Dropdown(options=sorted({1, 4, 16, 64, max_model_len}), value=16, description="block_size",
+                         style=style),
+        widgets.FloatSlider(4.0, min=1.0, max=16.0, step=0.5, description="KV (x seq)", style=style),
+        widgets.Dropdown(options=["static", "dynamic", "continuous"], value="continuous", description="batching",
+                         style=style),
+        widgets.Dropdown(options=[0, 32, 64, 128, 256], value=0, description="chunk budget", style=style)]
+    names = ["block_size", "kv_sequences", "batching", "token_budget"]
+    out = widgets.Output()
+    box = widgets.VBox([*controls, out])
 
-    per_seq = max_model_len * model.config.kv_bytes_per_token(4)
+    def redraw(_change=None):
+        values = {n: c.value for n, c in zip(names, controls)}
+        fig, line = explorer_run(model, tokenizer, workload, max_model_len, **values)
+        with out:
+            out.clear_output(wait=True)
+            print(line)
+            display(fig)
+        plt.close(fig)
+        box.figure, box.summary = fig, line
 
-    def show(block_size=16, kv_sequences=4.0, batching="continuous", token_budget=0):
-        opts = dict(block_size=block_size, max_model_len=max_model_len, kv_cache_bytes=int(kv_sequences * per_seq),
-                    batching=batching, trace=True)
-        if token_budget and batching == "continuous":   # chunked prefill is a continuous-batching policy
-            opts.update(enable_chunked_prefill=True, max_num_batched_tokens=token_budget)
-        res, engine, _ = replay(model, tokenizer, workload, batching, return_engine=True, **opts)
-        print(f"{res.throughput:.0f} tokens/s, TTFT p50 {res.ttft_p50 * 1e3:.0f} ms, KV waste {res.kv_waste:.1%}, "
-              f"peak {res.peak_running} sequences, {res.preemptions} preemptions")
-        plot_timeline(engine.trace.steps, title=f"{batching}, block_size {block_size}")
-        plt.show()
+    for c in controls:
+        c.observe(redraw, names="value")
+    redraw()
+    return box
 
-    return widgets.interactive(
-        show, block_size=widgets.Dropdown(options=[1, 4, 16, 64, max_model_len], value=16),
-        kv_sequences=widgets.FloatSlider(4.0, min=1.0, max=16.0, step=0.5, description="KV (x seq)"),
-        batching=widgets.Dropdown(options=["static", "dynamic", "continuous"], value="continuous"),
-        token_budget=widgets.Dropdown(options=[0, 32, 64, 128, 256], value=0, description="chunk budget"))
+
+def block_map_explorer(snapshots, start: int = 1):
+    """A slider over engine steps showing plot_block_map(snapshots[step - 1]); the figure is drawn, shown with
+    display() inside an Output and closed (as serving_explorer), the last one kept in `.figure` for tests."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    slider = widgets.IntSlider(start, min=1, max=len(snapshots), description="step",
+                               style={"description_width": "initial"})
+    out = widgets.Output()
+    box = widgets.VBox([slider, out])
+
+    def redraw(_change=None):
+        fig = plot_block_map(snapshots[slider.value - 1], title=f"after step {slider.value}")
+        with out:
+            out.clear_output(wait=True)
+            display(fig)
+        plt.close(fig)
+        box.figure = fig
+
+    slider.observe(redraw, names="value")
+    redraw()
+    return box
 
 
 def plot_block_size_sweep(block_sizes, waste, concurrency, kv_bytes: int):

@@ -64,7 +64,10 @@ def replay(model, tokenizer, workload: list[Request], label: str = "", return_en
             engine.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True),
                                arrival_time=r.arrival)
             i += 1
+        ran = engine.trace.count
         engine.step()
+        if step_cost is not None and engine.trace.count == ran:    # no model call: on a simulated clock time
+            clock.skip_to(_next_event(engine, pending[i:], clock()))   # would stand still; go to what comes next
         outs += engine.pop_finished()
     steps = engine.trace.steps
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
@@ -83,6 +86,17 @@ def replay(model, tokenizer, workload: list[Request], label: str = "", return_en
                       max(len(s.seq_ids) for s in steps), sum(o.metrics.num_preemptions for o in outs),
                       sum(o.metrics.num_cached_tokens for o in outs))
     return (res, engine, outs) if return_engine else res
+
+
+def _next_event(engine, to_come: list[Request], now: float) -> float:
+    """When the scheduler will next have something to do: the next arrival, or the end of a dynamic batching
+    window over the oldest waiting request (a little later than now if neither is ahead)."""
+    events = [r.arrival for r in to_come[:1]]
+    waiting = engine.scheduler.waiting
+    if waiting and engine.config.batching == "dynamic":
+        events.append(waiting[0].metrics.arrival_time + engine.config.batch_window_s)
+    ahead = [t for t in events if t > now]
+    return min(ahead) if ahead else now + 1e-3
 
 
 @dataclass
