@@ -40,7 +40,7 @@ CONSTANTS = {   # notebook: phrases with hand-typed numbers that are constants o
     "03": ["full 16x", "14 GB of weights", "a 64 MiB copy"],
     "04": ["= 8 GiB", "14 GB", "= 256 GiB", "2-4x in the paper", "up-to-8x decode"],
     "06": ["80% of every"],
-    "07": ["4x or 8x", "440 MB in float32", "60x larger"],
+    "07": ["4x or 8x", "60x larger"],
     "08": ["Reaching 2x", "2-3x, as the papers"],
     "09": ["10% of the peak"],
 }

@@ -9,6 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 from minillm.viz.quant import outlier_channels  # noqa: E402
 
 
@@ -86,3 +87,48 @@ def test_speedup_vs_batch_divides_by_fp32_at_each_batch():
     np.testing.assert_allclose(lines["int8"].get_xdata(), [1, 4, 16])
     with pytest.raises(ValueError):
         viz.plot_speedup_vs_batch({"int8": [(1, 1.0)]})
+
+
+def test_pareto_labels_never_overprint_when_schemes_share_a_spot():
+    # notebook 07's table: five schemes within a few percent of the same bytes and perplexity
+    data = [("fp32", 1.000, 0.0), ("int8", 0.397, 0.0), ("int4 g32", 0.300, 1.58), ("awq g32", 0.302, 1.10),
+            ("q8_0", 0.409, -0.05), ("w8a8", 0.397, -0.05), ("smoothquant", 0.399, -0.07),
+            ("fp32, KV int8", 1.0, 0.0), ("w8a8, outliers", 0.397, 4.01), ("smoothquant, outliers", 0.399, 0.11)]
+    rows = {k: {"weight_bytes": int(r * 28 * 2**20), "perplexity": 32.9 * (1 + d / 100), "delta_ppl": d / 100}
+            for k, r, d in data}
+    fig = viz.plot_pareto(rows)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == list(rows)
+    fig.canvas.draw()                                                          # places the annotations
+    renderer = fig.canvas.get_renderer()
+    boxes = [Text.get_window_extent(t, renderer) for t in ax.texts]           # the text only, not its leader line
+    frame = ax.get_window_extent(renderer)
+    for i, a in enumerate(boxes):
+        assert frame.x0 <= a.x0 and a.x1 <= frame.x1 and frame.y0 <= a.y0 and a.y1 <= frame.y1, ax.texts[i]
+        for j in range(i + 1, len(boxes)):
+            assert not a.overlaps(boxes[j]), (ax.texts[i].get_text(), ax.texts[j].get_text())
+
+
+def test_speedup_vs_batch_title_makes_no_claim_unless_given_one():
+    rows = {"fp32": [(1, 100.0), (4, 300.0)], "int8": [(1, 90.0), (4, 250.0)]}
+    title = viz.plot_speedup_vs_batch(rows).axes[0].get_title()
+    assert "pays" not in title and "fp32" in title
+    assert viz.plot_speedup_vs_batch(rows, title="int8 was slower").axes[0].get_title() == "int8 was slower"
+
+
+def test_gemv_regime_draws_bytes_against_the_cache_and_time_per_token():
+    from minillm.viz.quant import plot_gemv_regime
+    res = {"shape": (4096, 4096), "layers": 5, "llc_bytes": 32 << 20, "threads": 2,
+           "rows": {"fp32": {"weight_bytes": 320 << 20, "ms_per_token": 30.0, "gb_s": 11.2, "speedup": 1.0},
+                    "int8": {"weight_bytes": 80 << 20, "ms_per_token": 15.0, "gb_s": 5.6, "speedup": 2.0},
+                    "int4 g32": {"weight_bytes": 50 << 20, "ms_per_token": 120.0, "gb_s": 0.4, "speedup": 0.25}}}
+    fig = plot_gemv_regime(res)
+    ax_m, ax_t = fig.axes
+    np.testing.assert_allclose([p.get_height() for p in ax_m.patches], [320, 80, 50])          # MiB
+    np.testing.assert_allclose([p.get_height() for p in ax_t.patches], [30, 15, 120])          # ms per token
+    assert any(abs(ln.get_ydata()[0] - 32) < 1e-9 for ln in ax_m.lines)                        # the cache line
+    assert [t.get_text().split("\n")[0] for t in ax_t.texts] == ["1.00x fp32", "2.00x fp32", "0.25x fp32"]
+    res["llc_bytes"] = None
+    assert "unknown" in plot_gemv_regime(res).axes[0].get_title()
+    with pytest.raises(ValueError):
+        plot_gemv_regime({**res, "rows": {}})

@@ -198,3 +198,15 @@ def test_pass_cost_and_exactness_plots_draw_their_data():
     fig = viz.plot_exactness(torch.tensor([0.5, 0.25, 0.25]), torch.tensor([48.0, 27.0, 25.0]))
     heights = [r.get_height() for r in fig.axes[0].patches]
     assert heights == pytest.approx([0.5, 0.25, 0.25, 0.48, 0.27, 0.25])
+
+
+def test_medusa_tree_labels_whitespace_tokens_visibly():
+    from minillm.viz.medusa_tree import visible_label
+    assert visible_label(" ") == "\u2423" and visible_label("  ") == "\u2423\u2423"
+    assert visible_label("\n") == "\\n" and visible_label("\t") == "\\t" and visible_label("") == "''"
+    assert visible_label(" the") == " the" and visible_label("ab") == "ab"             # words keep their spaces
+    fig = viz.draw_medusa_tree([5, 6, 7, 8], [-1, 0, 0, 1], ancestor_mask([-1, 0, 0, 1]),
+                               labels=["The", " ", "\n", ""])
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "\u2423" in texts and "\\n" in texts and "''" in texts
+    assert not any(t.strip() == "" for t in texts)                                  # no blank box

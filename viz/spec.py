@@ -171,13 +171,13 @@ def _no_gain(ax):
 
 def plot_spec_vs_gamma(rows):
     """Two panels against gamma (tokens drafted per step), one colour per proposer. Left: the measured
-    acceptance rate alpha. Right: speedup over plain decoding, the model's prediction dashed and the
+    acceptance probability alpha. Right: speedup over plain decoding, the model's prediction dashed and the
     measurement solid, with the line at 1 (no gain). rows: [{"proposer", "gamma", "alpha",
     "predicted", "measured"}, ...] (a missing or None value is left out)."""
     if not rows:
         raise ValueError("no rows to plot")
     colors = _proposer_colors(r["proposer"] for r in rows)
-    fig, axes = new_figure(ncols=2, width=11.5, height=4.0)
+    fig, axes = new_figure(ncols=2, width=13.5, height=4.2)
     ax_a, ax_s = axes[0]
 
     def series(name, key):
@@ -191,14 +191,15 @@ def plot_spec_vs_gamma(rows):
         ax_s.plot(*series(name, "predicted"), "--", marker="o", mfc="none", color=color, label=f"{name}: predicted")
         ax_s.plot(*series(name, "measured"), "-", marker="o", color=color, label=f"{name}: measured")
     _no_gain(ax_s)
-    ax_a.set(xlabel="gamma (drafted tokens per step)", ylabel="alpha (acceptance rate)", ylim=(0, 1.05),
-             title="acceptance rate")
+    ax_a.set(xlabel="gamma (drafted tokens per step)", ylabel="alpha (acceptance probability)", ylim=(0, 1.05),
+             title="alpha: the chance an examined draft is accepted")
     ax_s.set(xlabel="gamma (drafted tokens per step)", ylabel="speedup over plain decoding",
              title="speedup: predicted (dashed) and measured (solid)")
     for ax in (ax_a, ax_s):
         ax.set_xticks(gammas)
         ax.grid(alpha=0.3)
-        ax.legend(frameon=False, fontsize=8)
+    ax_a.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))   # beside the data, not on it
+    ax_s.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return finish(fig)
 
 
@@ -227,7 +228,7 @@ def plot_spec_vs_batch(points: dict):
 
 
 def plot_acceptance_bars(alpha_by_method: dict):
-    """Acceptance rate alpha per method (draft model, n-gram, Medusa heads, ...), one labelled bar each."""
+    """Acceptance probability alpha per method (draft model, n-gram, Medusa heads, ...), one labelled bar each."""
     if not alpha_by_method:
         raise ValueError("nothing to plot")
     names = list(alpha_by_method)
@@ -240,7 +241,7 @@ def plot_acceptance_bars(alpha_by_method: dict):
                     ha="center", fontsize=9)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names)
-    ax.set(ylim=(0, 1.1), ylabel="alpha (acceptance rate)", title="acceptance rate per proposer")
+    ax.set(ylim=(0, 1.1), ylabel="alpha (acceptance probability)", title="alpha per proposer")
     ax.grid(alpha=0.3, axis="y")
     return finish(fig)
 
