@@ -51,3 +51,23 @@ def test_a_blank_figure_is_caught():
     fig.patch.set_alpha(0)
     assert not widget.is_drawn(fig)
     plt.close(fig)
+
+
+def test_the_online_softmax_explorer_draws_at_every_step(shown):
+    from minillm.kernels.softmax import online_softmax_steps
+    from minillm.viz.flash import online_softmax_explorer
+    x = [0.5, 2.0, -1.0, 3.0, 0.0, 1.5]
+    w = online_softmax_explorer(x, online_softmax_steps(x), start=2)
+    move_every_control(w, shown, lambda c: range(c.min, c.max + 1))
+
+
+def test_the_quantization_explorer_draws_at_every_setting(shown):
+    import numpy as np
+    from minillm.viz.quant import quant_error_explorer
+    W = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+
+    def quantize(bits, group):             # a stand-in: rounding to a grid as coarse as the bits
+        step = np.abs(W).max() / (2 ** (bits - 1) - 1)
+        return np.round(W / step) * step, W.size * bits // 8
+    w = quant_error_explorer(W, quantize, size=16)
+    move_every_control(w, shown, lambda c: c.options)

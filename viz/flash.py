@@ -212,3 +212,15 @@ def plot_split_sweep(splits, series: dict, threads: int | None = None,
     right.set(ylabel="speed-up over num_splits = 1", title="speed-up from splitting")
     right.legend(frameon=False, fontsize=8, loc="lower right")
     return finish(fig)
+
+
+def online_softmax_explorer(x, steps, start: int = 4):
+    """A slider over the online softmax's steps: plot_online_softmax at each (an ipywidgets.interactive)."""
+    import ipywidgets as widgets
+
+    from .widget import STYLE, show_figure
+
+    def show(step=start):
+        show_figure(plot_online_softmax(x, steps, step))
+    return widgets.interactive(show, step=widgets.IntSlider(start, min=0, max=len(x) - 1, description="step",
+                                                            continuous_update=False, style=STYLE))

@@ -240,3 +240,22 @@ def plot_speedup_vs_batch(rows: dict, baseline: str = "fp32", title: str | None 
     ax.grid(alpha=0.3)
     ax.legend()
     return finish(fig)
+
+
+def quant_error_explorer(weights, quantize, size: int = 64):
+    """Bits and group size over one weight matrix: `quantize(bits, group) -> (dequantized, nbytes)`; shows the
+    bytes, the error, and the error map of the first size x size weights (an ipywidgets.interactive)."""
+    import ipywidgets as widgets
+
+    from .widget import STYLE, show_figure
+    w = _np(weights)
+
+    def show(bits=4, group=32):
+        deq, nbytes = quantize(bits, group)
+        e = np.abs(_np(deq) - w)
+        print(f"int{bits}{'' if bits == 8 else f' g{group}'}: {nbytes:,} bytes ({nbytes / w.nbytes:.3f} of float32), "
+              f"max error {e.max():.2e}, mean error {e.mean():.2e}")
+        show_figure(plot_channel_error_heatmap(e[:size, :size], title=f"first {size} x {size} weights"))
+    return widgets.interactive(show, bits=widgets.Dropdown(options=[8, 4], value=4, description="bits", style=STYLE),
+                               group=widgets.Dropdown(options=[32, 64, 128], value=32, description="group size",
+                                                      style=STYLE))
