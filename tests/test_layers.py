@@ -1,6 +1,6 @@
 """The package's layers (README's map): imports point down only, and no files import each other in a circle.
 
-    kernels, config, paths, progress          the ground: numba kernels and plain configuration
+    kernels, config, paths, progress, threads the ground: numba kernels, plain configuration, thread counts
     llama                                     the model and its numerics
     formats                                   files in and out
     core                                      the engine's mechanisms and its seams
@@ -18,7 +18,8 @@ import os
 import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-LAYERS = {"kernels": 0, "config": 0, "paths": 0, "progress": 0, "_moved": 0, "llama": 1, "formats": 2, "core": 3,
+LAYERS = {"kernels": 0, "config": 0, "paths": 0, "progress": 0, "threads": 0, "_moved": 0, "llama": 1, "formats": 2,
+          "core": 3,
           "spec_decode": 4, "quantization": 4, "backends": 4, "engine": 5, "bench": 6, "training": 6, "labs": 6,
           "viz": 7, "__main__": 8, "__init__": 8}
 INDEPENDENT = {"spec_decode", "quantization", "backends"}   # plug-ins: none may import another

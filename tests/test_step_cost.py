@@ -4,8 +4,8 @@ under it (these are the assertions that used to sit in lesson cells, where a bus
 import pytest
 
 from minillm.bench.serve import replay
-from minillm.bench.step_cost import SimClock, StepCost
-from minillm.bench.workload import make_workload
+from minillm.bench.step_cost import StepCost
+from minillm.bench.workload import SimClock, make_workload
 from minillm.core.trace import StepRecord
 
 COST = StepCost(overhead_s=5e-3, row_s=3e-4, token_s=2e-4)     # a laptop-like model: fixed, so tests are exact

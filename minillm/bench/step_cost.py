@@ -10,7 +10,8 @@ workload gives the same timeline on any machine, busy or not, and only the scale
 (rows: sequences in the step, padding rows included; tokens: positions computed, drafts included). On a CPU
 the per-call overhead and the per-row work (attention, sampling) dominate small batches; the per-token term
 (the matmuls) dominates prefill. `StepCost.calibrate` fits the three terms to one short wall-clock replay
-(about a second); `StepCost.from_trace` fits them to any trace you have measured.
+(about a second); `StepCost.from_trace` fits them to any trace you have measured. The clock itself is
+workload.SimClock; the replay loop that drives it is bench/replay.py.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ class StepCost:
     def calibrate(cls, model, tokenizer, max_model_len: int = 256, seed: int = 0) -> "StepCost":
         """Measure one short replay on the wall clock (prompts of 4-96 tokens arriving over time, so steps of
         every size run) and fit the cost model to its steps. About a second for the shipped model."""
-        from .serve import replay
+        from .replay import replay
         from .workload import make_workload
         wl = make_workload(12, model.config.vocab_size, rate=200.0, prompt_median=24, prompt_sigma=1.0,
                            output_median=12, output_sigma=0.5, max_len=max_model_len, seed=seed)
@@ -68,19 +69,3 @@ class StepCost:
     def describe(self) -> str:
         return (f"{self.overhead_s * 1e3:.2f} ms per step + {self.row_s * 1e3:.3f} ms per sequence + "
                 f"{self.token_s * 1e6:.1f} us per token ({self.source})")
-
-
-class SimClock:
-    """A clock that moves only when told: by a step's modelled cost, or to the next arrival when idle."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float):
-        self.now += seconds
-
-    def skip_to(self, t: float):
-        self.now = max(self.now, t)

@@ -59,3 +59,19 @@ class SkipClock:
     def skip_to(self, t: float):
         if t > self():
             self.skipped += t - self()
+
+
+class SimClock:
+    """A clock that moves only when told: by a step's modelled cost, or to the next arrival when idle."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float):
+        self.now += seconds
+
+    def skip_to(self, t: float):
+        self.now = max(self.now, t)
