@@ -159,9 +159,10 @@ def load_state(path) -> dict:
 def run_label(model_cfg: ModelConfig, out_dir: str) -> str:
     """What a training run's progress bar is called: its folder's name ("runs/shakespeare" -> "shakespeare"),
     or the model's shape when the folder is a temporary one (a notebook's tempfile.mkdtemp() says nothing)."""
-    folder = os.path.basename(os.path.normpath(out_dir))
-    temp = os.path.realpath(tempfile.gettempdir())
-    if folder and not os.path.realpath(out_dir).startswith(temp + os.sep):
+    path = os.path.realpath(out_dir)
+    folder = os.path.basename(path)
+    made_by_mkdtemp = os.path.dirname(path) == os.path.realpath(tempfile.gettempdir()) and folder.startswith("tmp")
+    if folder and not made_by_mkdtemp:         # (a project that lives under /tmp keeps its runs' names)
         return folder
     c = model_cfg
     return f"model dim {c.dim}, {c.n_layers} layers, {c.num_params() / 1e6:.2f} M params"
