@@ -14,12 +14,11 @@ import minillm.viz.widget as widget  # noqa: E402
 def shown(monkeypatch):
     figs = []
 
-    def keep(fig):
-        figs.append(fig)
-        import matplotlib.pyplot as plt
-        plt.close(fig)
-    monkeypatch.setattr(widget, "show_figure", keep)
-    return figs
+    import matplotlib.pyplot as plt
+    held = plt.get_fignums()
+    monkeypatch.setattr(widget, "show_figure", figs.append)
+    yield figs
+    assert plt.get_fignums() == held, "a widget's figure was registered with pyplot (a redraw could blank it)"
 
 
 def move_every_control(w, shown, values_of):
@@ -43,6 +42,16 @@ def test_the_sampling_explorer_draws_at_every_setting(shown):
     w = sampling_explorer(logits, labels=[f"t{i}" if i % 7 else "\n" for i in range(50)])
     assert all(c.style.description_width == "initial" for c in w.kwargs_widgets)   # labels not cut off
     move_every_control(w, shown, slider_values)
+
+
+def test_a_widget_figure_displays_as_png_without_pyplot():
+    """The figure pyplot never holds still renders the way IPython shows it (print_figure to PNG)."""
+    from IPython.core.pylabtools import print_figure
+
+    from minillm.viz.sampling import plot_next_token_distribution
+    fig = widget.figure_for_widget(plot_next_token_distribution, torch.randn(20), (1.0,))
+    png = print_figure(fig, "png")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
 
 def test_a_blank_figure_is_caught():

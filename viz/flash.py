@@ -218,9 +218,9 @@ def online_softmax_explorer(x, steps, start: int = 4):
     """A slider over the online softmax's steps: plot_online_softmax at each (an ipywidgets.interactive)."""
     import ipywidgets as widgets
 
-    from .widget import STYLE, show_figure
+    from .widget import STYLE, figure_for_widget, show_figure
 
     def show(step=start):
-        show_figure(plot_online_softmax(x, steps, step))
+        show_figure(figure_for_widget(plot_online_softmax, x, steps, step))
     return widgets.interactive(show, step=widgets.IntSlider(start, min=0, max=len(x) - 1, description="step",
                                                             continuous_update=False, style=STYLE))

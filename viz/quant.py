@@ -247,7 +247,7 @@ def quant_error_explorer(weights, quantize, size: int = 64):
     bytes, the error, and the error map of the first size x size weights (an ipywidgets.interactive)."""
     import ipywidgets as widgets
 
-    from .widget import STYLE, show_figure
+    from .widget import STYLE, figure_for_widget, show_figure
     w = _np(weights)
 
     def show(bits=4, group=32):
@@ -255,7 +255,8 @@ def quant_error_explorer(weights, quantize, size: int = 64):
         e = np.abs(_np(deq) - w)
         print(f"int{bits}{'' if bits == 8 else f' g{group}'}: {nbytes:,} bytes ({nbytes / w.nbytes:.3f} of float32), "
               f"max error {e.max():.2e}, mean error {e.mean():.2e}")
-        show_figure(plot_channel_error_heatmap(e[:size, :size], title=f"first {size} x {size} weights"))
+        show_figure(figure_for_widget(plot_channel_error_heatmap, e[:size, :size],
+                                      title=f"first {size} x {size} weights"))
     return widgets.interactive(show, bits=widgets.Dropdown(options=[8, 4], value=4, description="bits", style=STYLE),
                                group=widgets.Dropdown(options=[32, 64, 128], value=32, description="group size",
                                                       style=STYLE))

@@ -52,10 +52,10 @@ def sampling_explorer(logits, labels=None, k: int = 12):
     """Sliders for temperature and top-p over one row of logits (an ipywidgets.interactive)."""
     import ipywidgets as widgets
 
-    from .widget import STYLE, show_figure
+    from .widget import STYLE, figure_for_widget, show_figure
 
     def show(temperature=1.0, top_p=1.0):
-        show_figure(plot_next_token_distribution(logits, (temperature,), top_p, k, labels))
+        show_figure(figure_for_widget(plot_next_token_distribution, logits, (temperature,), top_p, k, labels))
 
     slider = dict(continuous_update=False, style=STYLE)
     return widgets.interactive(show, temperature=widgets.FloatSlider(1.0, min=0.05, max=3.0, step=0.05,

@@ -296,12 +296,13 @@ def explorer_run(model, tokenizer, workload, max_model_len: int = 256, block_siz
 def serving_explorer(model, tokenizer, workload, max_model_len: int = 256):
     """Controls for block size, KV bytes, batching and the chunked-prefill token budget; each change
     replays `workload` (minillm.bench.workload requests) on a fresh engine and draws its timeline and numbers.
-    A VBox of the controls and an Output (run it in a live notebook). Each drawing is made here, shown with
-    display() inside the Output and then closed, so no figure is left for pyplot to show (or blank) elsewhere;
-    the last one stays in `.figure` (and its numbers in `.summary`) for tests."""
+    A VBox of the controls and an Output (run it in a live notebook). Each drawing is a figure pyplot never
+    holds (viz/widget.py says why), shown with display() inside the Output; the last one stays in `.figure`
+    (and its numbers in `.summary`) for tests."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
     from IPython.display import display
+
+    from .widget import figure_for_widget
 
     style = {"description_width": "initial"}          # whole labels ("chunk budget", not "chunk bu...")
     controls = [
@@ -317,12 +318,11 @@ def serving_explorer(model, tokenizer, workload, max_model_len: int = 256):
 
     def redraw(_change=None):
         values = {n: c.value for n, c in zip(names, controls)}
-        fig, line = explorer_run(model, tokenizer, workload, max_model_len, **values)
+        fig, line = figure_for_widget(explorer_run, model, tokenizer, workload, max_model_len, **values)
         with out:
             out.clear_output(wait=True)
             print(line)
             display(fig)
-        plt.close(fig)
         box.figure, box.summary = fig, line
 
     for c in controls:
@@ -333,10 +333,11 @@ def serving_explorer(model, tokenizer, workload, max_model_len: int = 256):
 
 def block_map_explorer(snapshots, start: int = 1):
     """A slider over engine steps showing plot_block_map(snapshots[step - 1]); the figure is drawn, shown with
-    display() inside an Output and closed (as serving_explorer), the last one kept in `.figure` for tests."""
+    display() inside an Output (as serving_explorer), the last one kept in `.figure` for tests."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
     from IPython.display import display
+
+    from .widget import figure_for_widget
 
     slider = widgets.IntSlider(start, min=1, max=len(snapshots), description="step",
                                style={"description_width": "initial"})
@@ -344,11 +345,10 @@ def block_map_explorer(snapshots, start: int = 1):
     box = widgets.VBox([slider, out])
 
     def redraw(_change=None):
-        fig = plot_block_map(snapshots[slider.value - 1], title=f"after step {slider.value}")
+        fig = figure_for_widget(plot_block_map, snapshots[slider.value - 1], title=f"after step {slider.value}")
         with out:
             out.clear_output(wait=True)
             display(fig)
-        plt.close(fig)
         box.figure = fig
 
     slider.observe(redraw, names="value")
