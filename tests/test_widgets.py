@@ -47,7 +47,6 @@ def test_the_sampling_explorer_draws_at_every_setting(shown):
 def test_a_widget_figure_displays_as_png_without_pyplot():
     """The figure pyplot never holds still renders the way IPython shows it (print_figure to PNG)."""
     from IPython.core.pylabtools import print_figure
-
     from minillm.viz.sampling import plot_next_token_distribution
     fig = widget.figure_for_widget(plot_next_token_distribution, torch.randn(20), (1.0,))
     png = print_figure(fig, "png")
