@@ -58,9 +58,11 @@ def busy_cores(sample_s: float = 0.2) -> float:
     return max(0.0, used - (own1 - own0) / sample_s)
 
 
-def fair_threads(sample_s: float = 0.2) -> int:
-    """Threads to use: the free cores (cores this process may run on minus other processes' load), >= 1."""
-    return max(1, min(num_cores(), round(num_cores() - busy_cores(sample_s))))
+def fair_threads(busy: float | None = None) -> int:
+    """Threads to use: the free cores (cores this process may run on minus `busy`, other processes' load,
+    sampled now unless given), >= 1."""
+    busy = busy_cores() if busy is None else busy
+    return max(1, min(num_cores(), round(num_cores() - busy)))
 
 
 def check_threads(n: int) -> int:
@@ -73,14 +75,14 @@ def check_threads(n: int) -> int:
     return n
 
 
-def use_threads(n: int | None = None) -> int:
+def use_threads(n: int | None = None, busy: float | None = None) -> int:
     """Set torch's, numpy's BLAS and (if loaded) numba's thread count: `n` if given (checked), else fair_threads().
     Returns the count set."""
     import sys
 
     import torch
     global _chosen
-    n = check_threads(n) if n is not None else fair_threads()
+    n = check_threads(n) if n is not None else fair_threads(busy)
     if "numba" in sys.modules:   # first: launching numba's OpenMP layer resets the shared pool to one per core
         import numba
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
@@ -94,12 +96,12 @@ def use_threads(n: int | None = None) -> int:
     return n
 
 
-def auto_threads() -> int:
+def auto_threads(busy: float | None = None) -> int:
     """The engine's and the CLI's default: once per process, if nobody has chosen a thread count (torch is at
-    its own default, one per core), use fair_threads(). Returns torch's thread count."""
+    its own default, one per core), use fair_threads(busy). Returns torch's thread count."""
     global _chosen
     import torch
     if not _chosen and torch.get_num_threads() == (os.cpu_count() or 1):
-        use_threads()
+        use_threads(busy=busy)
     _chosen = True
     return torch.get_num_threads()

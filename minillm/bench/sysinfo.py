@@ -35,17 +35,12 @@ def print_machine():
     engine will use (the free cores, minillm/threads.py). Warns when other work holds a core."""
     from ..threads import auto_threads, busy_cores, num_cores
     busy = busy_cores()
-    auto_threads()
+    threads = auto_threads(busy)                  # the same sample: the free cores
     for k, v in machine_info().items():
         print(f"{k:>14}: {v}")
     print(f"{'busy now':>14}: other processes use {busy:.1f} of {num_cores()} cores")
     if busy >= 0.5:
         print(f"WARNING: this machine is busy ({busy:.1f} of {num_cores()} cores taken by other work). Timings in "
               "this notebook will be slower and noisier than on an idle machine; the engine uses "
-              f"{_threads()} thread(s) so it does not spin-wait on a taken core, and the serving lessons use a "
+              f"{threads} thread(s) so it does not spin-wait on a taken core, and the serving lessons use a "
               "simulated clock, so their plots keep their shape. Close other programs for cleaner numbers.")
-
-
-def _threads() -> int:
-    import torch
-    return torch.get_num_threads()
