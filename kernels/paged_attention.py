@@ -199,14 +199,19 @@ def flash_decoding_cuda(q, k_pool, v_pool, block_tables, context_lens, num_split
 # ----------------------------------------------------------------------------- CPU twins
 
 @njit(fastmath=True, cache=True)
-def _attend(q, k_pool, v_pool, table, hk, p0, p1, s, acc):
+def _attend(q, k_pool, v_pool, table, hk, p0, p1, s, acc, start, visible):
     """Positions [p0, p1) of one row for one head: q (D,), table (M,), s (>= p1 - p0,) scratch.
     acc (D,) <- sum_p exp(s_p - m) v_p; returns (m, lsum = sum_p exp(s_p - m)). One fixed order: scores in
-    position order, then the max, then exps and sums in position order (no dependence on other rows)."""
+    position order, then the max, then exps and sums in position order (no dependence on other rows).
+    A tree of new tokens (Medusa): position p in [start, start + len(visible)) is skipped unless
+    visible[p - start] (its ancestors); an empty `visible` sees every position."""
     BS, D = k_pool.shape[1], q.shape[0]
     scale = np.float32(1.0 / np.sqrt(D))
     m, lsum = np.float32(NEG), np.float32(0.0)
     for p in range(p0, p1):
+        if start <= p < start + visible.shape[0] and not visible[p - start]:
+            s[p - p0] = NEG
+            continue
         blk, off = table[p // BS], p % BS
         dot = np.float32(0.0)
         for d in range(D):
@@ -215,6 +220,8 @@ def _attend(q, k_pool, v_pool, table, hk, p0, p1, s, acc):
         m = max(m, s[p - p0])
     acc[:] = 0.0
     for p in range(p0, p1):
+        if s[p - p0] == NEG:
+            continue
         blk, off = table[p // BS], p % BS
         e = np.exp(s[p - p0] - m)
         lsum += e
@@ -228,13 +235,24 @@ def paged_attention_rows(q, k_pool, v_pool, block_tables, context_lens, out):
     """out (R, H, D) <- row r's query q[r] (H, D) attending to its first context_lens[r] cached positions,
     in place. prange over (row, head): each is computed alone, in a fixed order, so a row's result is the
     same bit for bit whatever the other rows are (prefill can give each query token its own row)."""
+    paged_attention_tree_rows(q, k_pool, v_pool, block_tables, context_lens, context_lens,
+                              np.zeros((q.shape[0], 0), np.bool_), out)             # no tree: every position
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def paged_attention_tree_rows(q, k_pool, v_pool, block_tables, context_lens, starts, visible, out):
+    """paged_attention_rows for a step whose new tokens form a tree (Medusa's candidates): row r's positions
+    from starts[r] on are the step's new tokens, and it sees new token u only where visible[r, u] (R, T)
+    (torch's AttentionMetadata.tree_mask); the cached positions before starts[r] it sees all. visible (R, 0):
+    no tree, row r sees its first context_lens[r] positions."""
     R, H, D = q.shape
     group = H // k_pool.shape[2]
     for idx in prange(R * H):
         r, h = idx // H, idx % H
         n = context_lens[r]
         s = np.empty(max(n, 1), np.float32)
-        m, lsum = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, 0, n, s, out[r, h])
+        m, lsum = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, 0, n, s, out[r, h],
+                          starts[r], visible[r])
         for d in range(D):
             out[r, h, d] = out[r, h, d] / lsum if lsum > 0 else 0.0
 
@@ -249,6 +267,7 @@ def flash_decoding_rows(q, k_pool, v_pool, block_tables, context_lens, num_split
     group = H // k_pool.shape[2]
     part_out = np.zeros((R, S, H, D), np.float32)                             # (R, S, H, D)
     part_lse = np.empty((R, S, H), np.float32)                                # (R, S, H)
+    no_tree = np.zeros(0, np.bool_)
     for idx in prange(R * S * H):
         r, sp, h = idx // (S * H), (idx // H) % S, idx % H
         n = context_lens[r]
@@ -257,7 +276,7 @@ def flash_decoding_rows(q, k_pool, v_pool, block_tables, context_lens, num_split
         p1 = min(p0 + per, n)
         s = np.empty(max(per, 1), np.float32)
         o = part_out[r, sp, h]
-        m, lsum = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, p0, p1, s, o)
+        m, lsum = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, p0, p1, s, o, 0, no_tree)
         for d in range(D):                            # an empty split: o = 0 and lse = NEG
             o[d] = o[d] / lsum if lsum > 0 else 0.0
         part_lse[r, sp, h] = m + np.log(lsum) if lsum > 0 else NEG

@@ -133,3 +133,15 @@ def test_numba_serves_speculation_and_chunked_prefill_with_plain_tokens(tiny, op
         assert llm.engine.spec_stats["drafted"] > 0
     else:
         assert any(s.kind == "mixed" and s.num_prefill_tokens < 5 for s in llm.engine.trace.steps)
+
+
+def test_numba_serves_medusa_trees_with_plain_tokens():
+    """Medusa's candidate tree on numba (tree mask, RoPE positions apart from cache slots, hidden states for the
+    heads): a tree node's row sees the cached positions and its ancestors in position order, the same keys in
+    the same order a plain decode of the accepted path sees, so greedy output equals plain greedy exactly."""
+    prompts = ["ROMEO.\n", "HAMLET.\nTo be, or not to be"]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = [o.token_ids for o in LLM("shakespeare", backend="numba").generate(prompts, greedy)]
+    llm = LLM("shakespeare", backend="numba", speculative={"method": "medusa", "gamma": 3})
+    assert [o.token_ids for o in llm.generate(prompts, greedy)] == plain
+    assert llm.engine.spec_stats["accepted"] > 0

@@ -31,7 +31,7 @@ class Capability:
 
 CAPABILITIES = {
     "torch": Capability(DTYPES, QUANTIZATION_SCHEMES, ("auto", "int8"), ("draft", "ngram", "medusa"), True),
-    "numba": Capability(("float32",), (), ("auto",), ("draft", "ngram"), False),
+    "numba": Capability(("float32",), (), ("auto",), ("draft", "ngram", "medusa"), False),
     "cuda": Capability(("float32",), (), ("auto",), ("draft", "ngram"), False),
 }
 

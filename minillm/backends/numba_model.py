@@ -6,10 +6,13 @@ one compiled function runs every layer: embedding, RMSNorm, q/k/v, RoPE, K/V wri
 attention through the block tables, output projection, fused residual-add + RMSNorm, SwiGLU MLP,
 classifier. Matmuls split output rows across threads (run.c's `omp parallel for`).
 
-Every query token is its own row: row r sees the cached positions 0..positions[r] of its sequence
-(the causal rule of minillm.llama.attention, for prefill, chunks and decodes alike). Each output element is
-one dot product summed in a fixed order, so a sequence's logits are the same bit for bit whatever
-else shares its batch (tests/test_numba_backend.py shows it); the torch backend does not promise that.
+Every query token is its own row: row r sees the cached positions 0..its own cache position (the causal rule
+of minillm.llama.attention, for prefill, chunks, decodes and speculative chains alike), or, for Medusa's tree
+of candidates, the cached positions and its ancestors among the new tokens. The matmuls are blocked
+(minillm.kernels.matmul.linear_cpu): a weight tile is read once for all rows of the step, so the 1 + k rows of
+a verification cost little more than one. Each output element is summed in a fixed order, so a sequence's
+logits are the same bit for bit whatever else shares its batch (tests/test_numba_backend.py shows it); the
+torch backend does not promise that.
 """
 from __future__ import annotations
 
@@ -21,21 +24,23 @@ import torch.nn as nn
 from numba import njit
 
 from ..kernels.matmul import linear_cpu
-from ..kernels.paged_attention import paged_attention_rows
+from ..kernels.paged_attention import paged_attention_tree_rows
 from ..kernels.rmsnorm import add_rmsnorm_rows, rmsnorm_rows
 from ..kernels.rope import rope_rows
 from ..kernels.swiglu import swiglu_rows
 from ..llama.transformer import Transformer
 
 
-@njit   # not cached: numba's cache checks only this file, so a stale copy would outlive an edited kernel
-def forward_rows(tokens, positions, slots, tables, last, emb, rms_att, wqkv, wo, rms_ffn, w13, w2,
-                 rms_final, wcls, cos, sin, k_cache, v_cache, n_heads, eps):
-    """tokens, positions, slots (R,) int64 (slot -1: padding, not written); tables (R, M) int64, each
-    row's sequence's block table; last (B,) the rows whose logits are wanted; weights stacked by layer
-    ((L, out, in) matrices, llama2.c's order), with wq|wk|wv and w1|w3 concatenated along `out` so each
-    pair or triple is one pass over the input (vLLM's QKVParallelLinear and MergedColumnParallelLinear);
-    k_cache, v_cache (L, NB, BS, Hkv, D) -> logits (B, V)."""
+@njit   # cached by minillm.backends.compile_cache (numba's own cache would only watch this file)
+def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, emb, rms_att, wqkv, wo, rms_ffn,
+                 w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, n_heads, eps):
+    """tokens, rope_pos, slots (R,) int64 (slot -1: padding, not written); tables (R, M) int64, each row's
+    sequence's block table; row r attends to its sequence's cached positions 0 .. ends[r] - 1, except that
+    with a tree (visible (R, T), else (R, 0)) it sees new token u, at position starts[r] + u, only where
+    visible[r, u]; last (N,) the rows whose logits are wanted; weights stacked by layer ((L, out, in)
+    matrices, llama2.c's order), with wq|wk|wv and w1|w3 concatenated along `out` so each pair or triple is
+    one pass over the input (vLLM's QKVParallelLinear and MergedColumnParallelLinear);
+    k_cache, v_cache (L, NB, BS, Hkv, D) -> logits (N, V), final-normed hidden states (N, C)."""
     R, C = tokens.shape[0], emb.shape[1]
     L, F = wqkv.shape[0], w2.shape[2]
     BS, Hkv, D = k_cache.shape[2], k_cache.shape[3], k_cache.shape[4]
@@ -48,22 +53,21 @@ def forward_rows(tokens, positions, slots, tables, last, emb, rms_att, wqkv, wo,
     qkv = np.empty((R, HD + 2 * KVD), np.float32)       # (R, H*D + 2*Hkv*D)
     att = np.empty((R, HD), np.float32)                 # (R, H*D)
     h13 = np.empty((R, 2 * F), np.float32)              # (R, 2F) gate | up
-    ctx = positions + 1                                 # (R,) row r sees positions 0..positions[r]
     rmsnorm_rows(x, rms_att[0], eps, xb)
     for li in range(L):
         linear_cpu(xb, wqkv[li], qkv)
         q = np.ascontiguousarray(qkv[:, :HD])           # (R, H*D)
         k = np.ascontiguousarray(qkv[:, HD:HD + KVD])   # (R, Hkv*D)
         v = qkv[:, HD + KVD:]                           # (R, Hkv*D), only read row by row
-        rope_rows(q.reshape(R, n_heads, D), positions, cos, sin)
-        rope_rows(k.reshape(R, Hkv, D), positions, cos, sin)
+        rope_rows(q.reshape(R, n_heads, D), rope_pos, cos, sin)
+        rope_rows(k.reshape(R, Hkv, D), rope_pos, cos, sin)
         for r in range(R):                              # every row's K/V are in the pool before anyone reads
             if slots[r] >= 0:
                 k_cache[li, slots[r] // BS, slots[r] % BS] = k[r].reshape(Hkv, D)
                 for j in range(KVD):
                     v_cache[li, slots[r] // BS, slots[r] % BS, j // D, j % D] = v[r, j]
-        paged_attention_rows(q.reshape(R, n_heads, D), k_cache[li], v_cache[li], tables, ctx,
-                             att.reshape(R, n_heads, D))
+        paged_attention_tree_rows(q.reshape(R, n_heads, D), k_cache[li], v_cache[li], tables, ends, starts,
+                                  visible, att.reshape(R, n_heads, D))
         linear_cpu(att, wo[li], out)
         add_rmsnorm_rows(out, x, rms_ffn[li], eps, xb)  # x += attention; xb = rmsnorm(x)
         linear_cpu(xb, w13[li], h13)
@@ -71,12 +75,12 @@ def forward_rows(tokens, positions, slots, tables, last, emb, rms_att, wqkv, wo,
         swiglu_rows(h, np.ascontiguousarray(h13[:, F:]), h)  # h = silu(gate) * up
         linear_cpu(h, w2[li], out)
         add_rmsnorm_rows(out, x, rms_att[li + 1] if li + 1 < L else rms_final, eps, xb)  # x += mlp; next norm
-    xl = np.empty((last.shape[0], C), np.float32)       # (B, C) only the rows whose next token is wanted
+    xl = np.empty((last.shape[0], C), np.float32)       # (N, C) only the rows whose next token is wanted
     for b in range(last.shape[0]):
         xl[b] = xb[last[b]]
-    logits = np.empty((last.shape[0], wcls.shape[0]), np.float32)  # (B, V)
+    logits = np.empty((last.shape[0], wcls.shape[0]), np.float32)  # (N, V)
     linear_cpu(xl, wcls, logits)
-    return logits
+    return logits, xl
 
 
 class NumbaTransformer(nn.Module):
@@ -105,36 +109,43 @@ class NumbaTransformer(nn.Module):
         self.compiled_seconds, self.compiled_calls = 0.0, 0     # time inside forward_rows (bench's profile)
 
     def forward(self, tokens, positions, kv=None, attn=None, rows=None, return_hidden: bool = False):
-        """The serving interface of Transformer.forward: tokens, positions (B, T) -> logits (N, V) at the flat
-        token indices `rows` (default: each row's last token). Each query token attends to the cached positions
-        0 .. its own, so chains of new tokens (prompt chunks, speculative drafts) are fine; a tree mask (RoPE
-        positions that differ from cache slots) and hidden states are not built here (the capability table in
-        minillm.backends.capabilities refuses what needs them)."""
+        """The serving interface of Transformer.forward: tokens, positions (B, T) (RoPE positions) -> logits
+        (N, V) [, final-normed hidden states (N, C)] at the flat token indices `rows` (default: each row's last
+        token). Causality follows the cache positions in attn (attn.positions), which differ from the RoPE
+        positions for Medusa's tree (node i is cached at end + i but rotated at end + depth), and
+        attn.tree_mask restricts which new tokens each sees."""
         if kv is None or attn is None:
             raise ValueError("backend='numba' serves from the KV cache: pass kv and AttentionMetadata")
-        if return_hidden or attn.tree_mask is not None:
-            raise ValueError("backend='numba' computes no hidden states and no tree attention "
-                             "(see minillm.backends.capabilities)")
         B, T = tokens.shape
         limit = self.config.max_seq_len
         if int(positions.max()) >= limit:
             raise ValueError(f"position {int(positions.max())} is beyond the model's context max_seq_len={limit}")
         last = np.arange(B) * T + T - 1 if rows is None else np.asarray(rows, dtype=np.int64)  # (N,) rows wanted
         tables = attn.block_tables.numpy()                                       # (B, M)
+        cache_pos = attn.positions.numpy()                                       # (B, T)
+        ends = np.minimum(cache_pos + 1, attn.context_lens.numpy()[:, None])     # (B, T) positions each row sees
+        starts = np.repeat(cache_pos[:, :1], T, axis=1)                          # (B, T) the first new position
+        if attn.tree_mask is not None:
+            visible = attn.tree_mask.reshape(B * T, T).numpy()                   # (B*T, T)
+        else:
+            visible = np.zeros((B * T, 0), np.bool_)                             # a chain: ends says it all
         if T > 1:
             tables = np.repeat(tables, T, axis=0)                                # (B*T, M) each row's sequence's
 
         def n(t):
-            return t.reshape(-1).contiguous().numpy()
+            return np.ascontiguousarray(np.asarray(t, dtype=np.int64).reshape(-1))
         threads = torch.get_num_threads()
         torch.set_num_threads(1)   # torch's OpenMP threads would spin against numba's between our calls
         try:
-            args = (n(tokens), n(positions), n(attn.slot_mapping), tables, last)
+            args = (n(tokens), n(positions), n(attn.slot_mapping), np.ascontiguousarray(tables), n(ends), n(starts),
+                    np.ascontiguousarray(visible), last)
             t0 = time.perf_counter()
-            logits = forward_rows(*args, **self.w, k_cache=kv.k.numpy(), v_cache=kv.v.numpy(),
-                                  n_heads=self.config.n_heads, eps=self.config.norm_eps)
+            logits, hidden = forward_rows(*args, **self.w, k_cache=kv.k.numpy(), v_cache=kv.v.numpy(),
+                                          n_heads=self.config.n_heads, eps=self.config.norm_eps)
             self.compiled_seconds += time.perf_counter() - t0
             self.compiled_calls += 1
         finally:
             torch.set_num_threads(threads)
+        if return_hidden:
+            return torch.from_numpy(logits), torch.from_numpy(hidden)            # (N, V), (N, C)
         return torch.from_numpy(logits)                                          # (N, V)
