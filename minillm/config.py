@@ -151,7 +151,7 @@ INT4_GROUPS = (32, 64, 128)                                                   # 
 class EngineConfig:
     """Every engine option, one place (DESIGN.md "Public API"). LLM(model, **options) and the CLI use these names."""
     tokenizer: Optional[str] = None
-    backend: str = "torch"
+    backend: str = "auto"
     dtype: str = "float32"
     quantization: Optional[str] = None
     quant_config: Optional[dict] = None
@@ -173,7 +173,7 @@ class EngineConfig:
 
     def __post_init__(self):
         choices = {
-            "backend": ("torch", "numba", "cuda"),
+            "backend": ("auto", "torch", "numba", "cuda"),
             "dtype": DTYPES,
             "quantization": (None,) + QUANTIZATION_SCHEMES,
             "kv_cache_dtype": ("auto", "int8"),

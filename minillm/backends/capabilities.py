@@ -1,5 +1,9 @@
 """Backends behind one interface, and the one table of what each can run.
 
+`backend="auto"` (the default) picks the fastest backend whose row covers every option asked for: "cuda" on a GPU,
+then "numba" on a CPU (one compiled call per step, at llama2.c's speed), then "torch" (every feature), and says which
+it chose and why (choose_backend).
+
 A backend is the module whose forward the runner calls, with Transformer.forward's serving signature:
     forward(tokens (B, T), positions (B, T), kv, attn, rows=(N,), return_hidden=False) -> logits (N, V)[, (N, C)]
 - "torch": the Transformer itself (every feature; built first for every new one).
@@ -36,6 +40,9 @@ CAPABILITIES = {
 }
 
 
+SPEED_ORDER = ("cuda", "numba", "torch")     # what "auto" tries, fastest first
+
+
 def _refuse(backend: str, what: str, value, ok) -> ValueError:
     can = [b for b, cap in CAPABILITIES.items() if ok(cap)]
     return ValueError(f"backend={backend!r} does not run {what}={value!r} yet; "
@@ -45,7 +52,10 @@ def _refuse(backend: str, what: str, value, ok) -> ValueError:
 
 def check_backend(config: EngineConfig, method=None):
     """Refuse an option the chosen backend cannot run, before anything is built."""
-    b = config.backend
+    _check_options(config.backend, config, method)
+
+
+def _check_options(b: str, config: EngineConfig, method=None):
     cap = CAPABILITIES[b]
     if config.dtype not in cap.dtypes:
         raise _refuse(b, "dtype", config.dtype, lambda c: config.dtype in c.dtypes)
@@ -55,6 +65,32 @@ def check_backend(config: EngineConfig, method=None):
         raise _refuse(b, "kv_cache_dtype", config.kv_cache_dtype, lambda c: config.kv_cache_dtype in c.kv_cache_dtypes)
     if method is not None and method not in cap.speculative:
         raise _refuse(b, "speculative method", method, lambda c: method in c.speculative)
+
+
+def choose_backend(config: EngineConfig, method=None, model: nn.Module | None = None) -> tuple[str, str]:
+    """backend="auto": the first of SPEED_ORDER that this machine has and whose row covers every option (and
+    the model's linear types) -> (backend, a sentence saying why). Any other backend is returned as asked."""
+    if config.backend != "auto":
+        return config.backend, f"backend={config.backend!r} (asked for)"
+    skipped = []
+    for b in SPEED_ORDER:
+        if b == "cuda" and not _has_gpu():
+            skipped.append("cuda: no GPU")
+            continue
+        try:
+            _check_options(b, config, method)
+            if model is not None:
+                check_model(model, b)
+        except ValueError as e:
+            skipped.append(f"{b}: {str(e).split(';')[0].split(' yet')[0].replace(f'backend={b!r} ', '')}")
+            continue
+        return b, f"backend='auto' chose {b!r}" + (f" ({'; '.join(skipped)})" if skipped else "")
+    raise AssertionError("torch runs every option")   # the torch row covers everything (built first)
+
+
+def _has_gpu() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 def check_model(model: nn.Module, backend: str):

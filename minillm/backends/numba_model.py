@@ -21,7 +21,6 @@ import time
 import numpy as np
 import torch
 import torch.nn as nn
-from numba import njit
 
 from ..kernels.matmul import linear_cpu
 from ..kernels.paged_attention import paged_attention_tree_rows
@@ -29,9 +28,10 @@ from ..kernels.rmsnorm import add_rmsnorm_rows, rmsnorm_rows
 from ..kernels.rope import rope_rows
 from ..kernels.swiglu import swiglu_rows
 from ..llama.transformer import Transformer
+from .compile_cache import cached, compile_errors
 
 
-@njit   # cached by minillm.backends.compile_cache (numba's own cache would only watch this file)
+@cached   # on disk, keyed on every kernel source (minillm.backends.compile_cache): numba's own key is this file
 def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, emb, rms_att, wqkv, wo, rms_ffn,
                  w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, n_heads, eps):
     """tokens, rope_pos, slots (R,) int64 (slot -1: padding, not written); tables (R, M) int64, each row's
@@ -83,6 +83,19 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
     return logits, xl
 
 
+@cached
+def decode_one(token, pos, emb, rms_att, wqkv, wo, rms_ffn, w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache,
+               n_heads, eps):
+    """One batch-1 decode step on the contiguous cache (one block of max_seq_len slots: position = slot), with
+    its metadata built here and the greedy choice made here: llama2.c's loop body, with no Python in between.
+    -> (logits (V,), argmax). The same forward_rows, so the same bits as any other batch."""
+    one = np.full(1, pos, np.int64)                      # (1,) RoPE position = slot = pos
+    logits, _ = forward_rows(np.full(1, token, np.int64), one, one, np.zeros((1, 1), np.int64), one + 1, one,
+                             np.zeros((1, 0), np.bool_), np.zeros(1, np.int64), emb, rms_att, wqkv, wo, rms_ffn,
+                             w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, n_heads, eps)
+    return logits[0], np.argmax(logits[0])
+
+
 class NumbaTransformer(nn.Module):
     """Runs `model`'s weights through forward_rows. The weights are copied once into llama2.c's
     layer-stacked layout (one (L, out, in) array per matrix kind, q|k|v and w1|w3 fused), float32 only."""
@@ -107,6 +120,23 @@ class NumbaTransformer(nn.Module):
             wcls=model.output.weight.detach().numpy(),
             cos=model.rope_cos.float().numpy(), sin=model.rope_sin.float().numpy())   # (S, D/2) ensure_rope'd
         self.compiled_seconds, self.compiled_calls = 0.0, 0     # time inside forward_rows (bench's profile)
+        self._weights = tuple(self.w[k] for k in ("emb", "rms_att", "wqkv", "wo", "rms_ffn", "w13", "w2", "rms_final",
+                                                  "wcls", "cos", "sin"))   # decode_one's arguments, in order
+
+    def decode_step(self, token: int, pos: int, kv) -> tuple[np.ndarray, int]:
+        """The common case in one compiled call: batch 1, the contiguous cache (`run`'s decode loop, llama2.c's
+        shape), greedy choice included -> (logits (V,) numpy, argmax). The caller sets the threads (torch's to 1)."""
+        if pos >= self.config.max_seq_len:
+            raise ValueError(f"position {pos} is beyond the model's context max_seq_len={self.config.max_seq_len}")
+        if kv.num_blocks != 1 or kv.block_size < pos + 1:
+            raise ValueError("decode_step runs on the contiguous cache: one block of max_seq_len slots")
+        t0 = time.perf_counter()
+        with compile_errors("decode_one", self._weights):
+            logits, best = decode_one(token, pos, *self._weights, kv.k.numpy(), kv.v.numpy(), self.config.n_heads,
+                                      self.config.norm_eps)
+        self.compiled_seconds += time.perf_counter() - t0
+        self.compiled_calls += 1
+        return logits, int(best)
 
     def forward(self, tokens, positions, kv=None, attn=None, rows=None, return_hidden: bool = False):
         """The serving interface of Transformer.forward: tokens, positions (B, T) (RoPE positions) -> logits
@@ -140,8 +170,9 @@ class NumbaTransformer(nn.Module):
             args = (n(tokens), n(positions), n(attn.slot_mapping), np.ascontiguousarray(tables), n(ends), n(starts),
                     np.ascontiguousarray(visible), last)
             t0 = time.perf_counter()
-            logits, hidden = forward_rows(*args, **self.w, k_cache=kv.k.numpy(), v_cache=kv.v.numpy(),
-                                          n_heads=self.config.n_heads, eps=self.config.norm_eps)
+            with compile_errors("forward_rows", args + tuple(self.w.values())):
+                logits, hidden = forward_rows(*args, **self.w, k_cache=kv.k.numpy(), v_cache=kv.v.numpy(),
+                                              n_heads=self.config.n_heads, eps=self.config.norm_eps)
             self.compiled_seconds += time.perf_counter() - t0
             self.compiled_calls += 1
         finally:

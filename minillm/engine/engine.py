@@ -42,6 +42,7 @@ class LLMEngine:
         self.model, self.tokenizer = parts.model, parts.tokenizer
         self.kv, self.block_manager = parts.kv, parts.block_manager
         self.proposer, self.verify_rule, self.quant_report = parts.proposer, parts.verify, parts.quant_report
+        self.backend, self.backend_choice = self.config.backend, parts.backend_choice  # e.g. "numba", and why
         self.clock = clock or time.perf_counter
         auto_threads()     # unless a thread count was chosen: the cores free now (a busy core makes a pool spin-wait)
         self.scheduler = Scheduler(self.config, self.block_manager, self.clock,

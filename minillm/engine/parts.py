@@ -12,12 +12,12 @@ forward over the last dimension where an nn.Linear was).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import torch
 
-from ..backends.capabilities import backend_model, check_backend
+from ..backends.capabilities import backend_model, check_backend, choose_backend
 from ..config import EngineConfig
 from ..core.block_manager import BlockManager
 from ..core.policies import SchedulingPolicy, make_policy
@@ -41,22 +41,26 @@ class Parts:
     proposer: Proposer
     verify: Callable
     quant_report: Optional[dict] = None
+    backend_choice: str = ""        # which backend runs the forward, and why (backend="auto" says what it skipped)
 
 
-def check_combinations(config: EngineConfig):
-    """Options that do not combine yet: refused, never silently ignored."""
+def check_combinations(config: EngineConfig, model=None):
+    """Options that do not combine yet: refused, never silently ignored. -> (config with backend="auto" resolved,
+    the speculative config or None, a sentence on the backend chosen)."""
     from ..spec_decode.config import SpeculativeConfig
     spec = SpeculativeConfig.from_dict(config.speculative) if config.speculative is not None else None
+    backend, choice = choose_backend(config, spec.method if spec else None, model)
+    config = replace(config, backend=backend)
     check_backend(config, spec.method if spec else None)
     if spec is None:
-        return None
+        return config, None, choice
     if config.batching != "continuous":
         raise ValueError(f"speculative decoding needs batching='continuous' (each sequence advances by its own "
                          f"number of tokens per step), got batching={config.batching!r}")
     if spec.method == "medusa" and config.quantization:
         raise ValueError("speculative method 'medusa' reads the target's float hidden states; it does not combine "
                          f"with quantization={config.quantization!r}")
-    return spec
+    return config, spec, choice
 
 
 def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[SchedulingPolicy] = None,
@@ -64,8 +68,7 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
             verify: Optional[Callable] = None) -> Parts:
     """model: a Transformer from minillm.load (already in config.dtype); tokenizer: its tokenizer."""
     from ..quantization.quantize import quantize_model
-    config = config.with_model(model.config)
-    spec = check_combinations(config)
+    config, spec, choice = check_combinations(config.with_model(model.config), model)
     quant_report = None
     if config.quantization:            # a quantized copy: the caller's model is left as it was
         model, quant_report = quantize_model(model, config.quantization, config.quant_config, tokenizer)
@@ -83,7 +86,7 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
     if proposer is None:
         proposer = _proposer(spec, model, tokenizer, config, kv) if spec else Proposer()
     return Parts(config, model, tokenizer, forward, kv, SwapSpace(kv, swap_blocks) if swap_blocks else None, bm,
-                 policy or make_policy(config), proposer, verify or verify_sampled, quant_report)
+                 policy or make_policy(config), proposer, verify or verify_sampled, quant_report, choice)
 
 
 def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Proposer:
@@ -111,7 +114,10 @@ def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Prop
         # the draft's pool holds every running token plus each sequence's drafts (its bytes are small)
         blocks = kv.num_blocks + config.max_num_seqs * (-(-spec.gamma // config.block_size) + 1)
         kv_dtype = kv.k.dtype if not kv.quantized else torch.float32
-        return make_proposer(spec, model, tokenizer, config, draft=(backend_model(draft, spec.draft_backend),
+        draft_backend = spec.draft_backend
+        if draft_backend == "auto":    # the draft is a plain float model: numba runs it when it is float32
+            draft_backend = "numba" if dtype == torch.float32 else "torch"
+        return make_proposer(spec, model, tokenizer, config, draft=(backend_model(draft, draft_backend),
                                                                    draft.config, blocks, kv_dtype))
     heads = None
     if spec.method == "medusa":

@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from ..backends.capabilities import backend_model
+from ..backends.capabilities import backend_model, choose_backend
+from ..config import EngineConfig
 from ..core.sampling import RunCSampler
 from ..formats.loader import load_checkpoint
 from ..llama.attention import AttentionMetadata
@@ -36,12 +37,20 @@ def decode_loop(model, tokenizer: Tokenizer, sampler, prompt: str, steps: int, w
                  device=getattr(model, "device", "cpu"))                  # backend='cuda': the pool on the GPU
     table = torch.zeros(1, 1, dtype=torch.long)                     # (B=1, M=1): the contiguous cache
     token, pos, start, out = prompt_ids[0], 0, None, [prompt_ids[0]]
+    fast = hasattr(model, "decode_step")    # the numba backend's compiled batch-1 step
     with torch.inference_mode():
         while pos < steps:
-            positions = torch.tensor([[pos]])                        # (1, 1)
-            attn = AttentionMetadata(positions, table, torch.tensor([pos + 1]), positions)  # slot = pos
-            logits = model(torch.tensor([[token]]), positions, kv, attn, rows=torch.tensor([0]))[0]  # (V,)
-            nxt = prompt_ids[pos + 1] if pos < len(prompt_ids) - 1 else sampler(logits.float().numpy())
+            if fast:                                                 # numba: one compiled call, argmax included
+                logits, best = model.decode_step(token, pos, kv)
+            else:
+                positions = torch.tensor([[pos]])                    # (1, 1)
+                attn = AttentionMetadata(positions, table, torch.tensor([pos + 1]), positions)  # slot = pos
+                logits = model(torch.tensor([[token]]), positions, kv, attn, rows=torch.tensor([0]))[0].float().numpy()
+                best = None
+            if pos < len(prompt_ids) - 1:
+                nxt = prompt_ids[pos + 1]
+            else:
+                nxt = best if best is not None and sampler.temperature == 0 else sampler(logits)   # (V,) numpy
             pos += 1
             if nxt == BOS and stop_at_bos:
                 break
@@ -65,11 +74,11 @@ def main(argv: list[str]) -> int:
              "  -s <int>    random seed, default time(NULL)\n"
              "  -n <int>    number of steps to run for, default 256. 0 = max_seq_len\n"
              "  -i <string> input prompt\n  -z <string> optional path to custom tokenizer\n"
-             "  --backend <torch|numba|cuda>  the kernel backend (the engine's option), default torch\n")
+             "  --backend <auto|torch|numba|cuda>  the kernel backend (the engine's option), default auto\n")
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(usage)
         return 1
-    ckpt, backend = argv[0], "torch"
+    ckpt, backend = argv[0], "auto"
     opts = {"t": "1.0", "p": "0.9", "s": "0", "n": "256", "i": "", "z": "tokenizer.bin", "m": "generate"}
     rest = argv[1:]
     if len(rest) % 2:
@@ -77,8 +86,8 @@ def main(argv: list[str]) -> int:
         return 1
     for flag, value in zip(rest[::2], rest[1::2]):
         if flag == "--backend":
-            if value not in ("torch", "numba", "cuda"):
-                sys.stderr.write(f"backend {value!r} is not available; use torch, numba or cuda\n")
+            if value not in ("auto", "torch", "numba", "cuda"):
+                sys.stderr.write(f"backend {value!r} is not available; use auto, torch, numba or cuda\n")
                 return 1
             backend = value
             continue
@@ -97,15 +106,15 @@ def main(argv: list[str]) -> int:
         seed = int(time.time())
     model = load_checkpoint(ckpt)
     try:
+        backend, _ = choose_backend(EngineConfig(backend=backend), None, model)   # "auto": numba on a CPU
         model = backend_model(model, backend)
     except ValueError as e:          # e.g. backend='cuda' with no GPU
         sys.stderr.write(f"{e}\n")
         return 1
+    tokenizer = Tokenizer.load(opts["z"], model.config.vocab_size)
+    auto_threads()           # the free cores: a busy core would make a thread pool spin-wait
     if backend == "numba":   # numba's OpenMP threads do the work; torch's would only spin against them
         torch.set_num_threads(1)
-    tokenizer = Tokenizer.load(opts["z"], model.config.vocab_size)
-    if backend == "torch":
-        auto_threads()       # the free cores: a busy core would make torch's pool spin-wait
 
     def stdout(b):
         return sys.stdout.buffer.write(b), sys.stdout.buffer.flush()

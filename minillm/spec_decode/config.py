@@ -23,7 +23,8 @@ class SpeculativeConfig:
     method: str
     gamma: int = 4
     model: Optional[str] = None       # draft: a model name or .bin path (default: the shipped draft)
-    draft_backend: str = "torch"      # draft: "numba" runs the draft as one compiled call per step (cheaper c)
+    draft_backend: str = "auto"       # draft: "numba" runs the draft as one compiled call per step (cheaper c);
+                                      # "auto": numba for a float32 draft, else torch
     ngram_max: int = 3                # ngram: the longest suffix looked up in the context
     ngram_min: int = 1                # ngram: the shortest
     heads: Optional[str] = None       # medusa: the heads file (default: the shipped heads)
@@ -44,8 +45,8 @@ class SpeculativeConfig:
             raise ValueError(f"speculative method {cfg.method!r} is not one of {METHODS}")
         if not isinstance(cfg.gamma, int) or isinstance(cfg.gamma, bool) or cfg.gamma < 1:
             raise ValueError(f"speculative gamma must be an integer >= 1 (tokens drafted per step), got {cfg.gamma!r}")
-        if cfg.draft_backend not in ("torch", "numba"):
-            raise ValueError(f"speculative draft_backend must be 'torch' or 'numba', got {cfg.draft_backend!r}")
+        if cfg.draft_backend not in ("auto", "torch", "numba"):
+            raise ValueError(f"speculative draft_backend must be 'auto', 'torch' or 'numba', got {cfg.draft_backend!r}")
         if not (isinstance(cfg.ngram_min, int) and isinstance(cfg.ngram_max, int)
                 and 1 <= cfg.ngram_min <= cfg.ngram_max):
             raise ValueError(f"speculative ngram sizes need 1 <= ngram_min <= ngram_max, got "
