@@ -13,7 +13,7 @@ from minillm.spec_decode.config import SpeculativeConfig
     ({"method": "ngram", "lookahead": 2}, r"unknown speculative option\(s\) \['lookahead'\]"),
     ({"gamma": 2}, r"speculative must be a dict with a 'method'"),
     ({"method": "ngram", "ngram_min": 3, "ngram_max": 2}, r"1 <= ngram_min <= ngram_max"),
-    ({"method": "draft", "draft_backend": "cuda"}, r"draft_backend must be 'torch' or 'numba', got 'cuda'"),
+    ({"method": "draft", "draft_backend": "cuda"}, r"draft_backend must be 'auto', 'torch' or 'numba', got 'cuda'"),
     ({"method": "medusa"},
      r"Medusa heads in .*shakespeare-medusa.bin were trained for a model with dim=256.*this model has dim=64"),
     ({"method": "medusa", "heads": "/nonexistent/heads.bin"}, None),
@@ -46,8 +46,8 @@ def test_a_draft_with_another_tokenizer_is_refused():
 
 
 @pytest.mark.parametrize("opts,spec,match", [
-    (dict(backend="numba"), {"method": "medusa"}, r"backend='numba' does not run speculative method='medusa' yet; "
-                                                   r"backends that do: torch"),
+    (dict(backend="cuda"), {"method": "medusa"}, r"backend='cuda' does not run speculative method='medusa' yet; "
+                                                  r"backends that do: torch, numba"),
     (dict(batching="static"), {"method": "ngram"}, r"needs batching='continuous'")])
 def test_speculative_refuses_what_it_cannot_combine_with(opts, spec, match):
     with pytest.raises(ValueError, match=match):

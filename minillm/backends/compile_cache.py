@@ -22,9 +22,9 @@ from numba import njit
 from numba.core import caching
 from numba.core.errors import NumbaError
 
-from .. import kernels
+from ..kernels import matmul
 
-WATCHED = (Path(__file__).resolve().parent, Path(kernels.__file__).resolve().parent)  # backends, kernels they inline
+WATCHED = (Path(__file__).resolve().parent, Path(matmul.__file__).resolve().parent)  # backends, the kernels they inline
 _stamp = None
 
 
