@@ -4,6 +4,7 @@
 # make grade DIR=student  run every exercise checker on a folder of notebooks and print a score sheet
 # make test-slow  the long runs kept out of make test (the 10,000-schedule fuzzer: MINILLM_FUZZ_EXAMPLES)
 # make test-notebooks-busy  nbval on every notebook with two busy loops running beside it (a busy laptop)
+# make gpu-check  on a CUDA machine (its python, installs nothing): gpu tests, kernels vs torch, racecheck, decode
 #
 # torch is installed first, pinned here (never in pyproject.toml, which takes a range): 2.13.0 is the
 # CPU build this project is tested with; with it in place pip keeps it instead of fetching another.
@@ -18,7 +19,7 @@ STAMP      := $(VENV)/.installed
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root,)
 NBVAL      := --nbval --nbval-current-env --nbval-cell-timeout=120 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: install lab test test-unit test-notebooks test-notebooks-busy test-slow lint student grade clean
+.PHONY: install lab test test-unit test-notebooks test-notebooks-busy test-slow lint student grade clean gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +55,10 @@ test-notebooks-busy: install
 	$(BIN)/python -c "while True: pass" & h1=$$!; $(BIN)/python -c "while True: pass" & h2=$$!; \
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q --durations=15 $(NBVAL) notebooks; rc=$$?; \
 	kill $$h1 $$h2; exit $$rc
+
+# No install step: a lent GPU machine has no network. PYTHONPATH keeps what was there (e.g. carried wheels).
+gpu-check:
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) tests/gpu_check.py $(GPU_CHECK_ARGS)
 
 student: install
 	$(BIN)/python -m minillm student notebooks student
