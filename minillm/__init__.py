@@ -1,5 +1,5 @@
 """minillm: a small, complete, from-scratch Llama inference engine to learn from and measure."""
-from . import _moved
+from . import _checkout, _moved  # noqa: F401  (_checkout first: on PYTHONPATH=. it maps minillm.kernels, .viz)
 from .config import EngineConfig, ModelConfig
 from .core.outputs import CompletionOutput, RequestOutput
 from .core.sampling import SamplingParams
