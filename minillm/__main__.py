@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         print("usage: python -m minillm {generate,run,bench,train,ship,student,grade} ...\n"
               "  generate  --model M --prompt P [sampling flags]   text through the engine (LLM.generate)\n"
               "  run       CKPT -z TOK -t T -p P -s SEED -n STEPS -i PROMPT   llama2.c run.c, byte for byte\n"
-              "  bench     {decode,batched,serve,quant,spec} --model M [--quick] [--json F]   benchmarks (bench -h)\n"
+              "  bench     {decode,batched,serve,quant,spec,peers} --model M [--quick] [--json F]   (bench -h)\n"
               "  train     --preset P --out DIR [--teacher T.bin] [--resume | --force]   train or distil a model\n"
               "  ship      --target DIR --draft DIR --data DIR   evaluate runs, package them with a model card\n"
               "  student   SRC DST   notebooks with the exercise solutions removed\n"

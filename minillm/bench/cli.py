@@ -61,6 +61,15 @@ def main(argv: list[str]) -> int:
     sp.add_argument("--max-tokens", type=int, default=128)
     sp.add_argument("--quick", action="store_true", help="4 prompts, 32 tokens, one gamma per proposer: a smoke test")
     sp.add_argument("--json", default=None)
+    pe = sub.add_parser("peers", help="minillm beside HF transformers and run.c on the same weights, batch 1 and up")
+    pe.add_argument("--model", default="shakespeare", help="registered name, random:<preset> or .bin file")
+    pe.add_argument("--tokenizer", default=None)
+    pe.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    pe.add_argument("--steps", type=int, default=64, help="new tokens per sequence")
+    pe.add_argument("--repeats", type=int, default=5)
+    pe.add_argument("--runc", default=None, help="a run.c binary you built, timed at batch 1 (it has no batching)")
+    pe.add_argument("--quick", action="store_true", help="batches 1 and 4, 16 steps, 1 repeat: a smoke test")
+    pe.add_argument("--json", default=None)
     d = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
     d.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
     d.add_argument("--tokenizer", default=None)
@@ -69,7 +78,7 @@ def main(argv: list[str]) -> int:
     d.add_argument("--threads", type=int, default=None, help="default: the cores free now (minillm/threads.py)")
     d.add_argument("--busy", action="store_true", help="idle, then beside a busy loop, each in its own process: "
                                                        "free-core threads against one thread per core")
-    d.add_argument("--backend", default="torch", choices=["torch", "numba"])
+    d.add_argument("--backend", default="torch", choices=["torch", "numba", "cuda"])
     d.add_argument("--runc", default=None, help="a run.c binary you built, timed on the same file (-n steps, greedy)")
     d.add_argument("--prompt", default="",
                    help="the same prompt for both (run.c stops at BOS; a prompt keeps it going)")
@@ -101,6 +110,11 @@ def main(argv: list[str]) -> int:
             res = bench_spec(a.model, a.tokenizer, 4, 32, configs=QUICK, batches=(1, 4))
         else:
             res = bench_spec(a.model, a.tokenizer, a.prompts, a.max_tokens)
+        print_table(res)
+        return _write_json(res, a.json)
+    if a.what == "peers":
+        from .peers import bench_peers, parse_batches, print_table
+        res = bench_peers(a.model, a.tokenizer, parse_batches(a.batches), a.steps, a.repeats, a.runc, a.quick)
         print_table(res)
         return _write_json(res, a.json)
     if a.what == "batched":

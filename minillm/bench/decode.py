@@ -22,6 +22,9 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
     (each run.c run its own process, alternated with ours)."""
     from ..backends.capabilities import backend_model
     net, tok = load(model, tokenizer)
+    files = runc_files(model, tokenizer, (net, tok)) if runc else None
+    if runc:
+        check_runc(runc, *files)                 # before any long measurement: a wrong --runc fails now
     net = backend_model(net, backend)
     if backend == "numba":       # as `run --backend numba`: numba's threads work, torch's would spin against them
         import numba
@@ -38,14 +41,14 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
     def run(n):
         return decode_loop(net, tok, greedy, prompt, n, write=None, stop_at_bos=False)[1]
     run(min(8, steps))  # warm-up: compilation (numba), allocation, first-call costs
-    tk = tokenizer or os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
     rates, rc = [], []
     if backend == "numba":
         net.compiled_seconds, net.compiled_calls = 0.0, 0           # count the timed runs only
+    ours = numba_threads() if backend == "numba" else torch.get_num_threads()   # run.c's OpenMP gets as many
     for _ in range(repeats):
         rates.append(run(steps))
         if runc:
-            rc.append(runc_tok_s(runc, model, tk, steps, prompt))
+            rc.append(runc_tok_s(runc, *files, steps, prompt, ours))
     res = {"bench": "decode", "model": str(model), "backend": backend, "steps": steps, "repeats": repeats,
            "threads": numba_threads() if backend == "numba" else torch.get_num_threads(),
            "tok_s_median": statistics.median(rates), "tok_s_min": min(rates), "tok_s_max": max(rates),
@@ -101,14 +104,82 @@ def numba_profile(net, us_per_token: float) -> dict:
             "Python decode loop, tensors, sampling": us_per_token - forward, "total": us_per_token}
 
 
-def runc_tok_s(runc: str, model: str, tokenizer: str, steps: int, prompt: str = "") -> float:
+class RuncError(ValueError):
+    """--runc names something that is not a working run.c binary: the user's mistake, so a ValueError (the CLI
+    prints one `error: ...` line and exits 2). A run.c that passed the check and fails later is a RuntimeError."""
+
+
+RUNC_CHECK_PROMPT = "To be, or not to be"   # run.c prints its rate only past position 1; a prompt gets it there
+
+
+def runc_files(model, tokenizer=None, loaded=None) -> tuple[str, str]:
+    """(checkpoint .bin, tokenizer.bin) that run.c reads for `model`: a .bin file and `tokenizer` or the
+    tokenizer.bin beside it; a registered model's own files; anything else (random:<preset>, a HF directory)
+    written with save_bin and Tokenizer.save into a temporary folder removed when this process exits, from
+    `loaded` = (net, tok) when the caller has it (else loaded here). run.c needs files; the engine does not."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from ..formats.llama2c import save_bin
+    from ..formats.loader import MODELS_DIR, REGISTRY
+    if isinstance(tokenizer, (str, os.PathLike)) and (os.path.isdir(tokenizer) or str(tokenizer).endswith(".json")):
+        raise ValueError(f"run.c reads a llama2.c tokenizer.bin, not {tokenizer}")
+    tk = os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else None
+    if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        return os.fspath(model), tk or os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
+    if isinstance(model, str) and model in REGISTRY:
+        ck, reg_tk = REGISTRY[model]
+        return os.path.join(MODELS_DIR, ck), tk or os.path.join(MODELS_DIR, reg_tk)
+    net, tok = loaded if loaded is not None else load(model, tokenizer)
+    if tk is None and not hasattr(tok, "save"):
+        raise ValueError(f"run.c reads a llama2.c tokenizer.bin; {model}'s tokenizer is {type(tok).__name__}: "
+                         f"pass --tokenizer a tokenizer.bin")
+    folder = tempfile.mkdtemp(prefix="minillm-runc-")
+    atexit.register(shutil.rmtree, folder, True)
+    save_bin(net, os.path.join(folder, "model.bin"))
+    if tk is None:
+        tk = os.path.join(folder, "tokenizer.bin")
+        tok.save(tk)
+    return os.path.join(folder, "model.bin"), tk
+
+
+def check_runc(runc: str, model_bin: str, tokenizer_bin: str, timeout: float = 60.0):
+    """Up front, before any long measurement: `runc` is an executable file that runs a 4-position greedy
+    generation on these files and prints run.c's "achieved tok/s" line. Else a RuncError naming the path and
+    what was expected."""
+    import subprocess
+    want = "llama2.c's run.c binary that you built (e.g. `make runomp` in llama2.c)"
+    if not os.path.exists(runc):
+        raise RuncError(f"--runc {runc}: no such file; expected {want}")
+    if not os.path.isfile(runc):
+        raise RuncError(f"--runc {runc} is not a file; expected {want}")
+    if not os.access(runc, os.X_OK):
+        raise RuncError(f"--runc {runc} is not executable (chmod +x it); expected {want}")
+    cmd = [runc, model_bin, "-z", tokenizer_bin, "-t", "0", "-n", "4", "-i", RUNC_CHECK_PROMPT]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except OSError as e:                                    # e.g. an executable text file without a #! line
+        raise RuncError(f"--runc {runc} could not be started ({e.strerror}); expected {want}") from None
+    except subprocess.TimeoutExpired:
+        raise RuncError(f"--runc {runc} did not finish a 4-token run in {timeout:g} s; expected {want}") from None
+    if "achieved tok/s" not in done.stderr:
+        said = " ".join((done.stderr or done.stdout)[-200:].split())
+        how = f"failed (exit {done.returncode})" if done.returncode else "exited 0 but is not run.c"
+        raise RuncError(f"--runc {runc} {how}: a 4-token greedy run on {model_bin} printed no 'achieved tok/s' "
+                        f"line on stderr (it said: {said!r}); expected {want}")
+
+
+def runc_tok_s(runc: str, model: str, tokenizer: str, steps: int, prompt: str = "",
+               threads: int | None = None) -> float:
     """One run of a llama2.c run.c binary (built by the user, outside this repo), greedy from `prompt`;
     its own "achieved tok/s" line (stderr). run.c stops early if it samples BOS: give a prompt that
-    keeps a random-weight model going."""
+    keeps a random-weight model going. threads: OMP_NUM_THREADS for an OpenMP build (default: as inherited)."""
     import re
     import subprocess
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
     done = subprocess.run([runc, model, "-z", tokenizer, "-t", "0", "-n", str(steps), "-i", prompt],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
     m = re.search(r"achieved tok/s: ([0-9.]+)", done.stderr)
     if done.returncode != 0 or not m:
         raise RuntimeError(f"{runc} failed (exit {done.returncode}): {done.stderr[-300:]}")
@@ -141,6 +212,9 @@ def bench_batched(model: str, tokenizer=None, batch: int = 32, steps: int = 128,
     from ..core.sampling import SamplingParams
     from ..engine.llm import LLM
     net, tok = load(model, tokenizer)
+    files = runc_files(model, tokenizer, (net, tok)) if runc else None
+    if runc:
+        check_runc(runc, *files)                 # before any long measurement: a wrong --runc fails now
     steps = min(steps, net.config.max_seq_len - 1)
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
     rates, flop_rates = [], []
@@ -158,8 +232,8 @@ def bench_batched(model: str, tokenizer=None, batch: int = 32, steps: int = 128,
            "flop_s_median": statistics.median(flop_rates), "torch_matmul_flop_s": matmul_flops(net.config, batch)}
     res["flop_fraction"] = res["flop_s_median"] / res["torch_matmul_flop_s"]
     if runc:
-        tk = tokenizer or os.path.join(os.path.dirname(os.path.abspath(model)), "tokenizer.bin")
-        rc = [runc_tok_s(runc, model, tk, steps) for _ in range(repeats)]
+        rc = [runc_tok_s(runc, *files, steps, RUNC_CHECK_PROMPT, torch.get_num_threads())   # a prompt: no BOS stop
+              for _ in range(repeats)]
         res.update(runc=runc, runc_tok_s_median=statistics.median(rc), runc_tok_s_all=rc,
                    batched_over_runc=res["tok_s_median"] / statistics.median(rc))
     return res
