@@ -98,14 +98,14 @@ NR = 8       # CPU twin: output columns per tile (8 accumulators, one AVX2 regis
 KC = 512     # CPU twin: inputs per pass; the tile's 8 weight rows (NR x KC floats, 16 KiB) stay in L1 for all M rows
 
 
-@njit(fastmath=True, cache=True)
-def _dot_tile(x, w, m, n0, k0, k1, y, first):
-    """y[m, n0:n0+NR] (=, or += unless first) the dot products of x[m, k0:k1] with w[n0:n0+NR, k0:k1]: one
-    row of x against NR rows of W in one pass over k, so each x value is loaded once for NR multiply-adds. The
-    same compiled loop runs for every m, whatever M is: a row's summation order never depends on the batch."""
+@njit(fastmath=True, cache=True, inline="always")
+def _dots(xr, w, n0, k0, k1):
+    """The NR dot products of xr[k0:k1] (one row of x) with w[n0:n0+NR, k0:k1], in one pass over k: each x value
+    is loaded once for NR multiply-adds, and the compiler vectorises the k loop (NR accumulators of 8 lanes).
+    Inlined into linear_cpu's one call site: the same machine code for every row, whatever M is."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
     for k in range(k0, k1):
-        xv = x[m, k]
+        xv = xr[k]
         a0 += xv * w[n0, k]
         a1 += xv * w[n0 + 1, k]
         a2 += xv * w[n0 + 2, k]
@@ -114,17 +114,7 @@ def _dot_tile(x, w, m, n0, k0, k1, y, first):
         a5 += xv * w[n0 + 5, k]
         a6 += xv * w[n0 + 6, k]
         a7 += xv * w[n0 + 7, k]
-    if not first:
-        a0 += y[m, n0]
-        a1 += y[m, n0 + 1]
-        a2 += y[m, n0 + 2]
-        a3 += y[m, n0 + 3]
-        a4 += y[m, n0 + 4]
-        a5 += y[m, n0 + 5]
-        a6 += y[m, n0 + 6]
-        a7 += y[m, n0 + 7]
-    y[m, n0], y[m, n0 + 1], y[m, n0 + 2], y[m, n0 + 3] = a0, a1, a2, a3
-    y[m, n0 + 4], y[m, n0 + 5], y[m, n0 + 6], y[m, n0 + 7] = a4, a5, a6, a7
+    return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -133,7 +123,7 @@ def linear_cpu(x, w, y):
     across threads (as run.c's `#pragma omp parallel for` over its matmul's rows); a tile's NR weight rows
     are read from memory once, KC inputs at a time, and used for every row of x while they sit in L1, so a
     batch of M rows (batched decode, the 1 + k tokens of speculative verification) costs little more than
-    one. Each y[m, n] is summed in one fixed order (the k loop of _dot_tile, then the KC chunks in order),
+    one. Each y[m, n] is summed in one fixed order (the k loop of _dots, then the KC chunks in order),
     whatever M is, so a row's result does not depend on what else is in the batch, bit for bit."""
     M, K = x.shape
     N = w.shape[0]
@@ -141,8 +131,11 @@ def linear_cpu(x, w, y):
         n0 = t * NR
         if n0 + NR <= N:
             for k0 in range(0, K, KC):
+                k1 = min(k0 + KC, K)
                 for m in range(M):
-                    _dot_tile(x, w, m, n0, k0, min(k0 + KC, K), y, k0 == 0)
+                    a = _dots(x[m], w, n0, k0, k1)
+                    for j in range(NR):
+                        y[m, n0 + j] = a[j] if k0 == 0 else y[m, n0 + j] + a[j]
         else:                             # the last N % NR columns: one at a time (the same columns at every M)
             for n in range(n0, N):
                 for m in range(M):

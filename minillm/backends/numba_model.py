@@ -22,13 +22,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..kernels.matmul import linear_cpu
 from ..kernels.paged_attention import paged_attention_tree_rows
 from ..kernels.rmsnorm import add_rmsnorm_rows, rmsnorm_rows
 from ..kernels.rope import rope_rows
 from ..kernels.swiglu import swiglu_rows
 from ..llama.transformer import Transformer
 from .compile_cache import cached, compile_errors
+from .numba_linears import fuse, layer, linear, out_features, stack, weight_bytes
 
 
 @cached   # on disk, keyed on every kernel source (minillm.backends.compile_cache): numba's own key is this file
@@ -42,7 +42,7 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
     one pass over the input (vLLM's QKVParallelLinear and MergedColumnParallelLinear);
     k_cache, v_cache (L, NB, BS, Hkv, D) -> logits (N, V), final-normed hidden states (N, C)."""
     R, C = tokens.shape[0], emb.shape[1]
-    L, F = wqkv.shape[0], w2.shape[2]
+    L, F = rms_ffn.shape[0], out_features(w13) // 2
     BS, Hkv, D = k_cache.shape[2], k_cache.shape[3], k_cache.shape[4]
     HD, KVD = n_heads * D, Hkv * D
     x = np.empty((R, C), np.float32)                    # (R, C) the residual stream
@@ -55,7 +55,7 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
     h13 = np.empty((R, 2 * F), np.float32)              # (R, 2F) gate | up
     rmsnorm_rows(x, rms_att[0], eps, xb)
     for li in range(L):
-        linear_cpu(xb, wqkv[li], qkv)
+        linear(xb, layer(wqkv, li), qkv)
         q = np.ascontiguousarray(qkv[:, :HD])           # (R, H*D)
         k = np.ascontiguousarray(qkv[:, HD:HD + KVD])   # (R, Hkv*D)
         v = qkv[:, HD + KVD:]                           # (R, Hkv*D), only read row by row
@@ -68,18 +68,18 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
                     v_cache[li, slots[r] // BS, slots[r] % BS, j // D, j % D] = v[r, j]
         paged_attention_tree_rows(q.reshape(R, n_heads, D), k_cache[li], v_cache[li], tables, ends, starts,
                                   visible, att.reshape(R, n_heads, D))
-        linear_cpu(att, wo[li], out)
+        linear(att, layer(wo, li), out)
         add_rmsnorm_rows(out, x, rms_ffn[li], eps, xb)  # x += attention; xb = rmsnorm(x)
-        linear_cpu(xb, w13[li], h13)
+        linear(xb, layer(w13, li), h13)
         h = np.ascontiguousarray(h13[:, :F])            # (R, F) gate
         swiglu_rows(h, np.ascontiguousarray(h13[:, F:]), h)  # h = silu(gate) * up
-        linear_cpu(h, w2[li], out)
+        linear(h, layer(w2, li), out)
         add_rmsnorm_rows(out, x, rms_att[li + 1] if li + 1 < L else rms_final, eps, xb)  # x += mlp; next norm
     xl = np.empty((last.shape[0], C), np.float32)       # (N, C) only the rows whose next token is wanted
     for b in range(last.shape[0]):
         xl[b] = xb[last[b]]
-    logits = np.empty((last.shape[0], wcls.shape[0]), np.float32)  # (N, V)
-    linear_cpu(xl, wcls, logits)
+    logits = np.empty((last.shape[0], out_features(wcls)), np.float32)  # (N, V)
+    linear(xl, wcls, logits)
     return logits, xl
 
 
@@ -98,7 +98,8 @@ def decode_one(token, pos, emb, rms_att, wqkv, wo, rms_ffn, w13, w2, rms_final, 
 
 class NumbaTransformer(nn.Module):
     """Runs `model`'s weights through forward_rows. The weights are copied once into llama2.c's
-    layer-stacked layout (one (L, out, in) array per matrix kind, q|k|v and w1|w3 fused), float32 only."""
+    layer-stacked layout (one (L, out, in) weight per matrix kind, q|k|v and w1|w3 fused), float32 or quantized
+    (int8, int4, Q8_0, W8A8: minillm.backends.numba_linears)."""
 
     def __init__(self, model: Transformer):
         super().__init__()
@@ -108,17 +109,18 @@ class NumbaTransformer(nn.Module):
         self.model, self.config = model, model.config
         layers = model.layers
 
-        def stack(f):
+        def norms(f):
             return np.ascontiguousarray(torch.stack([f(b).detach() for b in layers]).numpy())
         self.w = dict(
             emb=model.tok_embeddings.weight.detach().numpy(),
-            rms_att=stack(lambda b: b.attention_norm.weight),
-            wqkv=stack(lambda b: torch.cat([b.attention.wq.weight, b.attention.wk.weight, b.attention.wv.weight])),
-            wo=stack(lambda b: b.attention.wo.weight), rms_ffn=stack(lambda b: b.ffn_norm.weight),
-            w13=stack(lambda b: torch.cat([b.feed_forward.w1.weight, b.feed_forward.w3.weight])),
-            w2=stack(lambda b: b.feed_forward.w2.weight), rms_final=model.norm.weight.detach().numpy(),
-            wcls=model.output.weight.detach().numpy(),
+            rms_att=norms(lambda b: b.attention_norm.weight),
+            wqkv=stack([fuse([b.attention.wq, b.attention.wk, b.attention.wv]) for b in layers]),
+            wo=stack([fuse([b.attention.wo]) for b in layers]), rms_ffn=norms(lambda b: b.ffn_norm.weight),
+            w13=stack([fuse([b.feed_forward.w1, b.feed_forward.w3]) for b in layers]),
+            w2=stack([fuse([b.feed_forward.w2]) for b in layers]), rms_final=model.norm.weight.detach().numpy(),
+            wcls=fuse([model.output]),
             cos=model.rope_cos.float().numpy(), sin=model.rope_sin.float().numpy())   # (S, D/2) ensure_rope'd
+        self.weight_bytes = sum(weight_bytes(self.w[k]) for k in ("wqkv", "wo", "w13", "w2", "wcls"))
         self.compiled_seconds, self.compiled_calls = 0.0, 0     # time inside forward_rows (bench's profile)
         self._weights = tuple(self.w[k] for k in ("emb", "rms_att", "wqkv", "wo", "rms_ffn", "w13", "w2", "rms_final",
                                                   "wcls", "cos", "sin"))   # decode_one's arguments, in order
