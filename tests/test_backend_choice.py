@@ -18,7 +18,8 @@ def tiny():
 @pytest.mark.parametrize("options,want,why", [
     (dict(), "numba", "cuda: no GPU"),
     (dict(dtype="float64"), "torch", "numba: does not run dtype='float64'"),
-    (dict(kv_cache_dtype="int8"), "torch", "numba: does not run kv_cache_dtype='int8'"),
+    (dict(quantization="smoothquant"), "torch", "numba: does not run quantization='smoothquant'"),
+    (dict(quantization="int4", kv_cache_dtype="int8"), "numba", "cuda: no GPU"),
     (dict(backend="torch"), "torch", "asked for"),
 ])
 def test_auto_picks_the_fastest_backend_that_runs_every_option(options, want, why, monkeypatch):

@@ -90,5 +90,5 @@ def test_preemption_on_an_int8_pool_gives_the_same_tokens(shipped, mode):
 
 def test_int8_kv_on_another_backend_is_refused():
     with pytest.raises(ValueError,
-                       match="backend='numba' does not run kv_cache_dtype='int8' yet; backends that do: torch"):
-        LLM("random:tiny", kv_cache_dtype="int8", backend="numba")
+                       match="backend='cuda' does not run kv_cache_dtype='int8' yet; backends that do: torch, numba"):
+        LLM("random:tiny", kv_cache_dtype="int8", backend="cuda")

@@ -145,3 +145,36 @@ def test_numba_serves_medusa_trees_with_plain_tokens():
     llm = LLM("shakespeare", backend="numba", speculative={"method": "medusa", "gamma": 3})
     assert [o.token_ids for o in llm.generate(prompts, greedy)] == plain
     assert llm.engine.spec_stats["accepted"] > 0
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from minillm.formats.loader import load
+    return load("shakespeare")
+
+
+@pytest.mark.parametrize("scheme,atol", [
+    ("int8", 1e-4), ("int4", 1e-4), ("w8a8", 1e-4),
+    # Q8_0 quantizes each matmul's input too: an input that differs from torch's by float32 rounding (1e-7) can
+    # round to the neighbouring int8 step, moving that product by x_scale * |w| ~ 1e-2; a few such flips over 8
+    # layers stay well under 0.2 on logits of magnitude ~10 (the kernels alone agree bit for bit: test_quant_rows)
+    ("q8_0", 0.2)])
+def test_numba_runs_quantized_weights_as_torch_does(shipped, scheme, atol):
+    from minillm.quantization.quantize import quantize_model
+    model, tok = shipped
+    qm, _ = quantize_model(model, scheme, None, tok)
+    qm.ensure_rope(model.config.max_seq_len)
+    prompts = [[1, 5, 9, 200, 7, 3, 3, 40], [1, 77], [1, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309]]
+    want = prefill(qm, qm.config, prompts)
+    assert_close(prefill(NumbaTransformer(qm), qm.config, prompts), want, atol=atol, rtol=1e-4,
+                 name=f"numba vs torch, {scheme}")
+
+
+@pytest.mark.parametrize("options", [dict(quantization="int4"), dict(kv_cache_dtype="int8")], ids=["int4", "kv-int8"])
+def test_auto_serves_quantized_weights_and_kv_on_numba_with_torchs_tokens(options):
+    prompts = ["ROMEO.\n", "HAMLET.\nTo be, or not to be"]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    auto = LLM("shakespeare", **options)
+    assert auto.engine.backend == "numba"
+    want = [o.token_ids for o in LLM("shakespeare", backend="torch", **options).generate(prompts, greedy)]
+    assert [o.token_ids for o in auto.generate(prompts, greedy)] == want

@@ -101,7 +101,9 @@ def test_engine_serves_a_quantized_model(shipped):
     (dict(quantization="int3"), r"EngineConfig.quantization='int3' is not one of"),
     (dict(quantization="awq", quant_config={"group_size": 48}), r"awq \(int4\) group_size must be one of"),
     (dict(quantization="smoothquant", quant_config={"alpha": 1.5}), r"smoothquant alpha must be in \[0, 1\], got 1.5"),
-    (dict(quantization="int8", backend="numba"), r"backend='numba' does not run quantization='int8' yet")])
+    (dict(quantization="int8", backend="cuda"), r"backend='cuda' does not run quantization='int8' yet; backends that "
+                                                r"do: torch, numba"),
+    (dict(quantization="awq", backend="numba"), r"backend='numba' does not run quantization='awq' yet")])
 def test_bad_quantization_options_name_the_value(kw, match):
     with pytest.raises(ValueError, match=match):
         LLM("random:tiny", **kw)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch.nn as nn
 
 from ..config import DTYPES, QUANTIZATION_SCHEMES, EngineConfig
+from ..llama.linears import Int4Linear, Int8Linear, Q80Linear, W8A8Linear
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,15 @@ class Capability:
     kv_cache_dtypes: tuple         # EngineConfig.kv_cache_dtype values
     speculative: tuple             # speculative methods (chains need rows at every query token; Medusa a tree
                                    # mask, RoPE positions apart from cache slots, and hidden states)
-    custom_linears: bool           # linear layers other than nn.Linear (a weight type plugged into the model)
+    linears: tuple | None          # the linear module types it has kernels for (exact types); None: any module
+                                   # with a forward over the last dimension (a weight type plugged into the model)
 
 
 CAPABILITIES = {
-    "torch": Capability(DTYPES, QUANTIZATION_SCHEMES, ("auto", "int8"), ("draft", "ngram", "medusa"), True),
-    "numba": Capability(("float32",), (), ("auto",), ("draft", "ngram", "medusa"), False),
-    "cuda": Capability(("float32",), (), ("auto",), ("draft", "ngram"), False),
+    "torch": Capability(DTYPES, QUANTIZATION_SCHEMES, ("auto", "int8"), ("draft", "ngram", "medusa"), None),
+    "numba": Capability(("float32",), ("int8", "int4", "q8_0", "w8a8"), ("auto", "int8"), ("draft", "ngram", "medusa"),
+                        (nn.Linear, Int8Linear, Int4Linear, Q80Linear, W8A8Linear)),
+    "cuda": Capability(("float32",), (), ("auto",), ("draft", "ngram"), (nn.Linear,)),
 }
 
 
@@ -94,13 +97,16 @@ def _has_gpu() -> bool:
 
 
 def check_model(model: nn.Module, backend: str):
-    """The numba and CUDA twins copy nn.Linear weights; a plugged-in weight type runs on torch only."""
-    if CAPABILITIES[backend].custom_linears:
+    """The numba and CUDA twins copy the weights of the linear types they have kernels for; any other weight type
+    (a student's, plugged into the model) runs on torch only."""
+    kinds = CAPABILITIES[backend].linears
+    if kinds is None:
         return
     for name, mod in model.named_modules():
-        if any(isinstance(mod, t) for t in (nn.Linear, nn.Embedding)) or not hasattr(mod, "in_features"):
+        if type(mod) in kinds or isinstance(mod, nn.Embedding) or not hasattr(mod, "in_features"):
             continue
-        raise _refuse(backend, f"a linear of type {type(mod).__name__} at", name, lambda c: c.custom_linears)
+        raise _refuse(backend, f"a linear of type {type(mod).__name__} at", name,
+                      lambda c: c.linears is None or type(mod) in c.linears)
 
 
 def backend_model(model: nn.Module, backend: str):

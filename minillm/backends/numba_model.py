@@ -22,28 +22,29 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..kernels.paged_attention import paged_attention_tree_rows
 from ..kernels.rmsnorm import add_rmsnorm_rows, rmsnorm_rows
 from ..kernels.rope import rope_rows
 from ..kernels.swiglu import swiglu_rows
 from ..llama.transformer import Transformer
 from .compile_cache import cached, compile_errors
+from .numba_kv import kv_attend, kv_write
 from .numba_linears import fuse, layer, linear, out_features, stack, weight_bytes
 
 
 @cached   # on disk, keyed on every kernel source (minillm.backends.compile_cache): numba's own key is this file
 def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, emb, rms_att, wqkv, wo, rms_ffn,
-                 w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, n_heads, eps):
+                 w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, k_scale, v_scale, n_heads, eps):
     """tokens, rope_pos, slots (R,) int64 (slot -1: padding, not written); tables (R, M) int64, each row's
     sequence's block table; row r attends to its sequence's cached positions 0 .. ends[r] - 1, except that
     with a tree (visible (R, T), else (R, 0)) it sees new token u, at position starts[r] + u, only where
     visible[r, u]; last (N,) the rows whose logits are wanted; weights stacked by layer ((L, out, in)
     matrices, llama2.c's order), with wq|wk|wv and w1|w3 concatenated along `out` so each pair or triple is
     one pass over the input (vLLM's QKVParallelLinear and MergedColumnParallelLinear);
-    k_cache, v_cache (L, NB, BS, Hkv, D) -> logits (N, V), final-normed hidden states (N, C)."""
+    k_cache, v_cache (L, NB, BS, Hkv, D) float32, or int8 with k_scale, v_scale (L, NB, BS, Hkv) (numba_kv)
+    -> logits (N, V), final-normed hidden states (N, C)."""
     R, C = tokens.shape[0], emb.shape[1]
     L, F = rms_ffn.shape[0], out_features(w13) // 2
-    BS, Hkv, D = k_cache.shape[2], k_cache.shape[3], k_cache.shape[4]
+    Hkv, D = k_cache.shape[3], k_cache.shape[4]
     HD, KVD = n_heads * D, Hkv * D
     x = np.empty((R, C), np.float32)                    # (R, C) the residual stream
     for r in range(R):
@@ -61,13 +62,11 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
         v = qkv[:, HD + KVD:]                           # (R, Hkv*D), only read row by row
         rope_rows(q.reshape(R, n_heads, D), rope_pos, cos, sin)
         rope_rows(k.reshape(R, Hkv, D), rope_pos, cos, sin)
-        for r in range(R):                              # every row's K/V are in the pool before anyone reads
-            if slots[r] >= 0:
-                k_cache[li, slots[r] // BS, slots[r] % BS] = k[r].reshape(Hkv, D)
-                for j in range(KVD):
-                    v_cache[li, slots[r] // BS, slots[r] % BS, j // D, j % D] = v[r, j]
-        paged_attention_tree_rows(q.reshape(R, n_heads, D), k_cache[li], v_cache[li], tables, ends, starts,
-                                  visible, att.reshape(R, n_heads, D))
+        # every row's K/V are in the pool before anyone reads (q, k, v as (R, heads, D) views)
+        kv_write(k_cache[li], k_scale[li], k.reshape(R, Hkv, D), slots)
+        kv_write(v_cache[li], v_scale[li], np.ascontiguousarray(v).reshape(R, Hkv, D), slots)
+        kv_attend(q.reshape(R, n_heads, D), k_cache[li], v_cache[li], k_scale[li], v_scale[li], tables, ends, starts,
+                  visible, att.reshape(R, n_heads, D))
         linear(att, layer(wo, li), out)
         add_rmsnorm_rows(out, x, rms_ffn[li], eps, xb)  # x += attention; xb = rmsnorm(x)
         linear(xb, layer(w13, li), h13)
@@ -85,15 +84,23 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
 
 @cached
 def decode_one(token, pos, emb, rms_att, wqkv, wo, rms_ffn, w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache,
-               n_heads, eps):
+               k_scale, v_scale, n_heads, eps):
     """One batch-1 decode step on the contiguous cache (one block of max_seq_len slots: position = slot), with
     its metadata built here and the greedy choice made here: llama2.c's loop body, with no Python in between.
     -> (logits (V,), argmax). The same forward_rows, so the same bits as any other batch."""
     one = np.full(1, pos, np.int64)                      # (1,) RoPE position = slot = pos
     logits, _ = forward_rows(np.full(1, token, np.int64), one, one, np.zeros((1, 1), np.int64), one + 1, one,
                              np.zeros((1, 0), np.bool_), np.zeros(1, np.int64), emb, rms_att, wqkv, wo, rms_ffn,
-                             w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, n_heads, eps)
+                             w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, k_scale, v_scale, n_heads, eps)
     return logits[0], np.argmax(logits[0])
+
+
+def pools(kv) -> tuple:
+    """A KVCache's pools as forward_rows takes them: (k, v, k_scale, v_scale) numpy views, float or int8."""
+    if kv.quantized:
+        return kv.k.numpy(), kv.v.numpy(), kv.k_scale.numpy(), kv.v_scale.numpy()
+    empty = np.zeros((kv.k.shape[0], 0, 0, 0), np.float32)            # (L, 0, 0, 0): indexable by layer
+    return kv.k.numpy(), kv.v.numpy(), empty, empty
 
 
 class NumbaTransformer(nn.Module):
@@ -134,7 +141,7 @@ class NumbaTransformer(nn.Module):
             raise ValueError("decode_step runs on the contiguous cache: one block of max_seq_len slots")
         t0 = time.perf_counter()
         with compile_errors("decode_one", self._weights):
-            logits, best = decode_one(token, pos, *self._weights, kv.k.numpy(), kv.v.numpy(), self.config.n_heads,
+            logits, best = decode_one(token, pos, *self._weights, *pools(kv), self.config.n_heads,
                                       self.config.norm_eps)
         self.compiled_seconds += time.perf_counter() - t0
         self.compiled_calls += 1
@@ -172,9 +179,9 @@ class NumbaTransformer(nn.Module):
             args = (n(tokens), n(positions), n(attn.slot_mapping), np.ascontiguousarray(tables), n(ends), n(starts),
                     np.ascontiguousarray(visible), last)
             t0 = time.perf_counter()
-            with compile_errors("forward_rows", args + tuple(self.w.values())):
-                logits, hidden = forward_rows(*args, **self.w, k_cache=kv.k.numpy(), v_cache=kv.v.numpy(),
-                                              n_heads=self.config.n_heads, eps=self.config.norm_eps)
+            with compile_errors("forward_rows", args + self._weights):
+                logits, hidden = forward_rows(*args, *self._weights, *pools(kv), self.config.n_heads,
+                                              self.config.norm_eps)
             self.compiled_seconds += time.perf_counter() - t0
             self.compiled_calls += 1
         finally:
