@@ -78,7 +78,8 @@ def main(argv: list[str]) -> int:
     d.add_argument("--threads", type=int, default=None, help="default: the cores free now (minillm/threads.py)")
     d.add_argument("--busy", action="store_true", help="idle, then beside a busy loop, each in its own process: "
                                                        "free-core threads against one thread per core")
-    d.add_argument("--backend", default="torch", choices=["torch", "numba", "cuda"])
+    d.add_argument("--backend", default="auto", choices=["auto", "torch", "numba", "cuda"],
+                   help="default auto: the engine's choice (numba on a CPU)")
     d.add_argument("--runc", default=None, help="a run.c binary you built, timed on the same file (-n steps, greedy)")
     d.add_argument("--prompt", default="",
                    help="the same prompt for both (run.c stops at BOS; a prompt keeps it going)")
@@ -138,13 +139,13 @@ def main(argv: list[str]) -> int:
             print(f"{k}: {v:.2f}x")
         return _write_json(res, a.json)
     res = bench_decode(a.model, a.tokenizer, steps, repeats, a.threads, a.backend, a.runc, a.prompt)
-    print(f"decode {res['model']} ({a.backend}): {res['tok_s_median']:.1f} tok/s median over {repeats} runs "
+    print(f"decode {res['model']} ({res['backend']}): {res['tok_s_median']:.1f} tok/s median over {repeats} runs "
           f"of {res['steps']} steps (min {res['tok_s_min']:.1f}, max {res['tok_s_max']:.1f}; {res['threads']} threads)")
     for part, us in res.get("profile_us_per_token", {}).items():
         print(f"  {part:<44} {us:8.0f} us/token")
     if a.runc:
         print(f"run.c: {res['runc_tok_s_median']:.1f} tok/s median (min {min(res['runc_tok_s_all']):.1f}, max "
-              f"{max(res['runc_tok_s_all']):.1f}); {a.backend} / run.c = {res['over_runc']:.2f}x")
+              f"{max(res['runc_tok_s_all']):.1f}); {res['backend']} / run.c = {res['over_runc']:.2f}x")
     return _write_json(res, a.json)
 
 

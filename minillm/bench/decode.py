@@ -16,15 +16,17 @@ from ..threads import auto_threads, check_threads, fair_threads, use_threads
 
 
 def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5, threads: int | None = None,
-                 backend: str = "torch", runc: str | None = None, prompt: str = "") -> dict:
+                 backend: str = "auto", runc: str | None = None, prompt: str = "") -> dict:
     """Batch-1 greedy decode tok/s through `python -m minillm run`'s loop on this backend (compile time and
     warm-up excluded), beside llama2.c's run.c on the same file when `runc` names a binary you built
     (each run.c run its own process, alternated with ours)."""
-    from ..backends.capabilities import backend_model
+    from ..backends.capabilities import backend_model, choose_backend
+    from ..config import EngineConfig
     net, tok = load(model, tokenizer)
     files = runc_files(model, tokenizer, (net, tok)) if runc else None
     if runc:
         check_runc(runc, *files)                 # before any long measurement: a wrong --runc fails now
+    backend, _ = choose_backend(EngineConfig(backend=backend), None, net)   # "auto": numba on a CPU
     net = backend_model(net, backend)
     if backend == "numba":       # as `run --backend numba`: numba's threads work, torch's would spin against them
         import numba
@@ -239,7 +241,7 @@ def bench_batched(model: str, tokenizer=None, batch: int = 32, steps: int = 128,
     return res
 
 
-def bench_decode_busy(model: str, tokenizer=None, steps: int = 64, repeats: int = 3, backend: str = "torch") -> dict:
+def bench_decode_busy(model: str, tokenizer=None, steps: int = 64, repeats: int = 3, backend: str = "auto") -> dict:
     """Batch-1 decode idle and beside one busy loop (a CPU hog), each measurement its own `bench decode`
     process: with the default thread choice (the free cores) and with one thread per core (what torch
     would use on its own). Ratios busy / idle say how much of its speed decode keeps on a busy machine."""
