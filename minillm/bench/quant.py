@@ -9,6 +9,10 @@ Timings are medians of a few runs after a warm-up, all in this one process, one 
 (GEMV), one per linear layer; it runs them through the engine's weight types (nn.Linear, Int8Linear,
 Int4Linear) over layers whose weights, in every format, exceed the CPU's last-level cache, so each pass
 reads them from main memory as a real model's decode does.
+
+`bench_linear_rows`: the same regime through the numba backend's kernels (minillm.kernels.matmul.linear_cpu for
+float32, minillm.kernels.quant_rows for int8, int4, q8_0 and W8A8), with M rows per call: M = 1 is batch-1
+decode, M = 32 a batched decode step, where every weight read from memory serves all M rows.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import statistics
 import subprocess
 import time
 
+import numpy as np
 import torch
 
 from ..core.sampling import RunCSampler, SamplingParams
@@ -216,6 +221,16 @@ def gemv_layers(fmt: str, N: int, K: int, layers: int, seed: int = 0) -> list:
     return [make(w if i == 0 else w.clone()) for i in range(layers)]
 
 
+def _layers_beyond_llc(smallest: int, layers: int | None, repeats: int, llc_bytes: int | None, beyond: float) -> int:
+    """`layers` as given, or the fewest layers of `smallest` bytes that hold `beyond` times the last-level cache
+    (DEFAULT_LLC when unknown), so that every format streams its weights from main memory on every pass."""
+    if layers is None:
+        layers = max(1, math.ceil(beyond * (llc_bytes or DEFAULT_LLC) / smallest))
+    if layers < 1 or repeats < 1:
+        raise ValueError(f"layers and repeats must be >= 1, got layers={layers}, repeats={repeats}")
+    return layers
+
+
 @torch.inference_mode()
 def bench_gemv(shape=(4096, 4096), layers: int | None = None, repeats: int = 5, formats=GEMV_FORMATS,
                llc_bytes: int | None = None, beyond: float = 1.5) -> dict:
@@ -230,11 +245,7 @@ def bench_gemv(shape=(4096, 4096), layers: int | None = None, repeats: int = 5, 
     per second / 1e9, "ms_per_token": seconds * 1e3, "speedup": the first format's seconds / these}}}"""
     N, K = shape
     known = last_level_cache_bytes() if llc_bytes is None else llc_bytes
-    if layers is None:
-        smallest = min(gemv_layer_bytes(f, N, K) for f in formats)
-        layers = max(1, math.ceil(beyond * (known or DEFAULT_LLC) / smallest))
-    if layers < 1 or repeats < 1:
-        raise ValueError(f"layers and repeats must be >= 1, got layers={layers}, repeats={repeats}")
+    layers = _layers_beyond_llc(min(gemv_layer_bytes(f, N, K) for f in formats), layers, repeats, known, beyond)
     threads = torch.get_num_threads()
     import numba
     numba_before = numba.get_num_threads()
@@ -261,3 +272,114 @@ def bench_gemv(shape=(4096, 4096), layers: int | None = None, repeats: int = 5, 
         r["speedup"] = first / r["seconds"]
     return {"bench": "gemv", "shape": (N, K), "layers": layers, "llc_bytes": known, "repeats": repeats,
             "threads": threads, "rows": rows}
+
+
+# ------------------------------------------------------------------------------ the numba backend's kernels
+LINEAR_ROWS_FORMATS = ("fp32", "int8", "int4 g32", "int4 g128", "q8_0", "w8a8")
+
+
+def linear_rows_layer(fmt: str, N: int, K: int, seed: int = 0) -> dict:
+    """One (N, K) layer in a format of LINEAR_ROWS_FORMATS as the numba kernels take it: a dict of numpy arrays
+    (random values: they do not change how long a kernel takes). q8_0's group is runq.c's (64, halved until it
+    divides K)."""
+    from ..llama.linears import q80_group_size
+    rng = np.random.default_rng(seed)
+    if fmt == "fp32":
+        return {"w": rng.uniform(-0.05, 0.05, (N, K)).astype(np.float32)}
+    if fmt in ("int8", "q8_0", "w8a8"):
+        groups = K // q80_group_size(K) if fmt == "q8_0" else None
+        return {"w_q": rng.integers(-127, 128, (N, K), dtype=np.int8),
+                "scales": np.full((N, groups) if groups else (N,), 1e-3, np.float32)}
+    m = re.fullmatch(r"int4 g(\d+)", fmt)
+    if not m or K % int(m.group(1)) or int(m.group(1)) % 2:
+        raise ValueError(f"unknown format {fmt!r} for K = {K}; known: {', '.join(LINEAR_ROWS_FORMATS)} "
+                         "(int4 g<G>: an even G that divides K)")
+    return {"w_packed": rng.integers(0, 256, (N, K // 2), dtype=np.uint8),
+            "scales": np.full((N, K // int(m.group(1))), 1e-3, np.float32)}
+
+
+def _linear_rows_call(fmt: str, layer: dict, x, y):
+    """A zero-argument call of the format's kernel on x (M, K) -> y (M, N), activation quantization included
+    (q8_0 and W8A8 quantize x per call, as a forward does before each matmul)."""
+    from ..kernels import quant_rows as qr
+    from ..kernels.matmul import linear_cpu
+    if fmt == "fp32":
+        return lambda: linear_cpu(x, layer["w"], y)
+    if fmt == "int8":
+        return lambda: qr.int8_linear_rows(x, layer["w_q"], layer["scales"], y)
+    if fmt.startswith("int4"):
+        return lambda: qr.int4_linear_rows(x, layer["w_packed"], layer["scales"], y)
+    xq = np.empty(x.shape, np.int8)                                                      # (M, K)
+    if fmt == "q8_0":
+        G = x.shape[1] // layer["scales"].shape[1]
+        xs = np.empty((x.shape[0], layer["scales"].shape[1]), np.float32)               # (M, K/G)
+
+        def q8_0():
+            qr.q8_0_quantize_rows(x, G, xq, xs)
+            qr.q8_0_linear_rows(xq, xs, layer["w_q"], layer["scales"], y)
+        return q8_0
+    xs, no_smooth = np.empty(x.shape[0], np.float32), np.zeros(0, np.float32)             # (M,)
+
+    def w8a8():
+        qr.w8a8_quantize_rows(x, no_smooth, xq, xs)
+        qr.w8a8_linear_rows(xq, xs, layer["w_q"], layer["scales"], y)
+    return w8a8
+
+
+def bench_linear_rows(N: int = 2048, K: int = 768, M: int = 1, repeats: int = 5, formats=LINEAR_ROWS_FORMATS,
+                      layers: int | None = None, llc_bytes: int | None = None, beyond: float = 1.5,
+                      threads: int | None = None) -> dict:
+    """The numba kernels' y (M, N) = x (M, K) @ W^T over `layers` distinct (N, K) weight matrices per format, one
+    pass through all of them per repeat, formats interleaved within each repeat (so a change in the machine's
+    load affects them alike). `layers` defaults to the fewest that make the smallest format's weights `beyond`
+    times the last-level cache, so every format streams from main memory, as decode does with a model larger
+    than the cache. numba runs on `threads` threads (default: torch's thread count).
+
+    -> {"shape": (N, K), "M", "layers", "llc_bytes", "repeats", "threads", "rows": {format: {"weight_bytes": all
+    layers, scales included, "seconds": median seconds per pass, "ms_per_pass", "gb_s": weight bytes / seconds / 1e9,
+    "spread": (min, max) seconds per pass, "speedup": the first format's seconds / these}}}"""
+    if min(N, K, M) < 1:
+        raise ValueError(f"N, K and M must be >= 1, got N={N}, K={K}, M={M}")
+    known = last_level_cache_bytes() if llc_bytes is None else llc_bytes
+    one = {fmt: linear_rows_layer(fmt, N, K) for fmt in formats}                        # checks every name first
+    sizes = {fmt: sum(a.nbytes for a in layer.values()) for fmt, layer in one.items()}
+    layers = _layers_beyond_llc(min(sizes.values()), layers, repeats, known, beyond)
+    x = np.random.default_rng(1).standard_normal((M, K)).astype(np.float32)              # (M, K)
+    y = np.empty((M, N), np.float32)                                                     # (M, N)
+    calls = {fmt: [_linear_rows_call(fmt, one[fmt] if i == 0 else {k: a.copy() for k, a in one[fmt].items()}, x, y)
+                   for i in range(layers)] for fmt in formats}                           # each layer its own memory
+    import numba
+    threads = min(threads or torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
+    numba_before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    times = {fmt: [] for fmt in formats}
+    try:
+        for rep in range(repeats + 1):                                                   # the first warms up
+            for fmt in formats:
+                t0 = time.perf_counter()
+                for call in calls[fmt]:
+                    call()
+                if rep:
+                    times[fmt].append(time.perf_counter() - t0)
+    finally:
+        numba.set_num_threads(numba_before)
+    rows = {}
+    for fmt in formats:
+        s, nbytes = statistics.median(times[fmt]), layers * sizes[fmt]
+        rows[fmt] = {"weight_bytes": nbytes, "seconds": s, "ms_per_pass": s * 1e3, "gb_s": nbytes / s / 1e9,
+                     "spread": (min(times[fmt]), max(times[fmt])), "speedup": None}
+    for r in rows.values():
+        r["speedup"] = rows[formats[0]]["seconds"] / r["seconds"]
+    return {"bench": "linear_rows", "shape": (N, K), "M": M, "layers": layers, "llc_bytes": known,
+            "repeats": repeats, "threads": threads, "rows": rows}
+
+
+def print_linear_rows(res: dict):
+    N, K = res["shape"]
+    first = next(iter(res["rows"]))
+    print(f"y (M={res['M']}, N={N}) = x @ W^T, K={K}: {res['layers']} layers per format, median of {res['repeats']} "
+          f"passes, {res['threads']} threads")
+    print(f"{'format':<11}{'MiB':>8}{'ms/pass':>10}{'GB/s':>8}{'x ' + first:>9}")
+    for fmt, r in res["rows"].items():
+        print(f"{fmt:<11}{r['weight_bytes'] / 2**20:>8.1f}{r['ms_per_pass']:>10.2f}{r['gb_s']:>8.1f}"
+              f"{r['speedup']:>8.2f}x")
