@@ -94,3 +94,20 @@ def test_a_compile_failure_names_the_kernel_and_the_shapes():
         with compile_cache.compile_errors("needs_2d", (np.zeros((3, 4), np.float32),)):
             needs_2d(np.zeros((3, 4), np.float32))
     assert isinstance(e.value.__cause__, NumbaError)
+
+
+def test_a_forward_loaded_from_the_disk_cache_runs_in_a_fresh_process():
+    """A cached forward calls numba's parallel scheduler; loaded from disk in a process that has not started
+    numba's threads yet it aborted ("LLVM ERROR: Symbol not found: allocate_sched") until NumbaTransformer
+    started them itself. Twice: the first run may compile and write the cache, the second loads it."""
+    import subprocess
+    import sys
+    code = ("from minillm.formats.loader import random_model\n"
+            "from minillm.backends.numba_model import NumbaTransformer\n"
+            "from minillm.llama.kv_cache import KVCache\n"
+            "m, _ = random_model('tiny', seed=0)\n"
+            "kv = KVCache(m.config, num_blocks=1, block_size=m.config.max_seq_len)\n"
+            "print(NumbaTransformer(m).decode_step(1, 0, kv)[1] >= 0)\n")
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-500:]

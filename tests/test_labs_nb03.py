@@ -180,7 +180,8 @@ def test_bad_kernels_fail_cleanly_and_the_next_attempt_passes(monkeypatch):
         result = check_guard_kernel(kernel)
         failed_with(result, want)
         assert check_guard_kernel(relu()), "the next attempt starts clean"
-    assert threading.active_count() == before, "every emulated thread ended"
+    # <=: a thread another test started (a subprocess's reader) may end meanwhile; none of ours may remain
+    assert threading.active_count() <= before, "every emulated thread ended"
 
 
 def test_the_readers_globals_are_left_alone():

@@ -103,6 +103,9 @@ def check_model(model: nn.Module, backend: str):
     if kinds is None:
         return
     for name, mod in model.named_modules():
+        if type(mod) is W8A8Linear and mod.smooth is not None and backend != "torch":
+            raise _refuse(backend, "a SmoothQuant linear (W8A8 with smoothing factors) at", name,
+                          lambda c: c.linears is None)      # q|k|v fused into one matmul need one smoothing
         if type(mod) in kinds or isinstance(mod, nn.Embedding) or not hasattr(mod, "in_features"):
             continue
         raise _refuse(backend, f"a linear of type {type(mod).__name__} at", name,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 
+import numba
 import numpy as np
 import torch
 import torch.nn as nn
@@ -115,6 +116,7 @@ class NumbaTransformer(nn.Module):
             raise ValueError(f"backend='numba' runs float32 weights, got {dtype}; use dtype='float32'")
         self.model, self.config = model, model.config
         layers = model.layers
+        numba.get_num_threads()   # launches numba's thread pool: a forward loaded from the disk cache calls into it
 
         def norms(f):
             return np.ascontiguousarray(torch.stack([f(b).detach() for b in layers]).numpy())

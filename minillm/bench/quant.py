@@ -105,12 +105,17 @@ def bench_quant(model: str = "shakespeare", tokenizer=None, steps: int = 64, bat
 
 
 def _decode_speed(m, tok, kv_dtype: str, steps: int, batch: int, repeats: int) -> dict:
-    """Batch-1 greedy decode tok/s (run.c's loop) and `batch`-sequence decode tok/s through the engine."""
+    """Batch-1 greedy decode tok/s (run.c's loop) and `batch`-sequence decode tok/s through the engine, both on
+    the backend the engine would choose for this model (backend="auto": numba for what it runs, else torch)."""
+    from ..backends.capabilities import backend_model, choose_backend
+    from ..config import EngineConfig
     from ..engine.llm import LLM
     greedy = RunCSampler(0.0, 0.9, 1)
+    backend, _ = choose_backend(EngineConfig(), None, m)
+    fwd = backend_model(m, backend)
 
     def run(n):
-        return decode_loop(m, tok, greedy, "", n, write=None, stop_at_bos=False)[1]
+        return decode_loop(fwd, tok, greedy, "", n, write=None, stop_at_bos=False)[1]
     run(4)
     one = statistics.median(run(steps) for _ in range(repeats))
     rates = []
@@ -120,7 +125,7 @@ def _decode_speed(m, tok, kv_dtype: str, steps: int, batch: int, repeats: int) -
         llm.generate([[1]] * batch, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
         dec = [s for s in llm.engine.trace.steps if s.kind == "decode"]
         rates.append(sum(s.num_decode_tokens for s in dec) / sum(s.seconds for s in dec))
-    return {"decode_tok_s": one, "batched_tok_s": statistics.median(rates[1:])}
+    return {"decode_tok_s": one, "batched_tok_s": statistics.median(rates[1:]), "backend": backend}
 
 
 def print_table(res: dict):
@@ -129,11 +134,11 @@ def print_table(res: dict):
             ("kv_ratio", "{:>6.3f}")]
     if speed:
         cols += [("decode_tok_s", "{:>9.1f}"), ("decode_speedup", "{:>7.2f}x"), ("batched_tok_s", "{:>9.0f}"),
-                 ("batched_speedup", "{:>7.2f}x")]
+                 ("batched_speedup", "{:>7.2f}x"), ("backend", "{:>8}")]
     print(f"{res['model']}: {res['windows']} held-out windows of 256" +
           (f"; decode {res['steps']} steps; batched {res['batch']} sequences" if speed else ""))
     print(f"{'scheme':<24}{'ppl':>11}{'d ppl':>10}{'weights':>8}{'KV':>6}" +
-          (f"{'tok/s':>9}{'x fp32':>8}{'batched':>9}{'x fp32':>8}" if speed else ""))
+          (f"{'tok/s':>9}{'x fp32':>8}{'batched':>9}{'x fp32':>8}{'backend':>8}" if speed else ""))
     for label, r in res["runs"].items():
         print(f"{label:<24}" + "".join(fmt.format(r[c]) for c, fmt in cols))
 
