@@ -32,7 +32,7 @@ from ..spec_decode.config import expected_tokens, predicted_speedup
 # (label, speculative dict or None, temperatures it runs at)
 CONFIGS = [
     ("draft", {"method": "draft", "draft_backend": "numba"}, (1, 2, 4)),
-    ("draft (torch)", {"method": "draft"}, (2,)),
+    ("draft (torch)", {"method": "draft", "draft_backend": "torch"}, (2,)),
     ("ngram", {"method": "ngram"}, (2, 4, 8)),
     ("medusa", {"method": "medusa"}, (1, 3)),          # greedy only
 ]
