@@ -144,8 +144,3 @@ def stack(per_layer: list) -> object:
         return np.ascontiguousarray(np.stack(per_layer))
     return type(per_layer[0])(*[np.ascontiguousarray(np.stack([w[i] for w in per_layer]))
                                 for i in range(len(per_layer[0]))])
-
-
-def weight_bytes(w) -> int:
-    """Bytes of a weight of any kind (what a decode step streams from memory)."""
-    return w.nbytes if isinstance(w, np.ndarray) else sum(a.nbytes for a in w)

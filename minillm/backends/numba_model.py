@@ -29,7 +29,7 @@ from ..kernels.swiglu import swiglu_rows
 from ..llama.transformer import Transformer
 from .compile_cache import cached, compile_errors
 from .numba_kv import kv_attend, kv_write
-from .numba_linears import fuse, layer, linear, out_features, stack, weight_bytes
+from .numba_linears import fuse, layer, linear, out_features, stack
 
 
 @cached   # on disk, keyed on every kernel source (minillm.backends.compile_cache): numba's own key is this file
@@ -129,7 +129,6 @@ class NumbaTransformer(nn.Module):
             w2=stack([fuse([b.feed_forward.w2]) for b in layers]), rms_final=model.norm.weight.detach().numpy(),
             wcls=fuse([model.output]),
             cos=model.rope_cos.float().numpy(), sin=model.rope_sin.float().numpy())   # (S, D/2) ensure_rope'd
-        self.weight_bytes = sum(weight_bytes(self.w[k]) for k in ("wqkv", "wo", "w13", "w2", "wcls"))
         self.compiled_seconds, self.compiled_calls = 0.0, 0     # time inside forward_rows (bench's profile)
         self._weights = tuple(self.w[k] for k in ("emb", "rms_att", "wqkv", "wo", "rms_ffn", "w13", "w2", "rms_final",
                                                   "wcls", "cos", "sin"))   # decode_one's arguments, in order
