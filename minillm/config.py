@@ -147,6 +147,9 @@ QUANTIZATION_SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")   
 INT4_GROUPS = (32, 64, 128)                                                   # int4 and AWQ group sizes
 
 
+SCHEDULING_POLICIES = ("fcfs", "sjf", "priority", "mlfq", "fair", "lpm")   # minillm.core.policies
+
+
 @dataclass
 class EngineConfig:
     """Every engine option, one place (DESIGN.md "Public API"). LLM(model, **options) and the CLI use these names."""
@@ -162,6 +165,7 @@ class EngineConfig:
     batching: str = "continuous"
     batch_window_s: float = 0.0
     max_num_seqs: int = 32
+    scheduling_policy: str = "fcfs"
     enable_chunked_prefill: bool = False
     max_num_batched_tokens: Optional[int] = None
     enable_prefix_caching: bool = False
@@ -179,6 +183,7 @@ class EngineConfig:
             "kv_cache_dtype": ("auto", "int8"),
             "batching": ("static", "dynamic", "continuous"),
             "preemption_mode": ("recompute", "swap"),
+            "scheduling_policy": SCHEDULING_POLICIES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

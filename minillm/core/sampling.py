@@ -21,9 +21,14 @@ _SAMPLING_EPS = 1e-5
 @dataclass
 class SamplingParams:
     n: int = 1
+    best_of: Optional[int] = None   # sample best_of, return the n with the highest cumulative logprob (None: n)
     temperature: float = 1.0
     top_k: int = 0            # 0: off
     top_p: float = 1.0        # 1.0: off
+    min_p: float = 0.0        # 0.0: off; keep tokens with p >= min_p * p_max
+    repetition_penalty: float = 1.0   # 1.0: off; > 1 discourages tokens already in the prompt or output (CTRL)
+    frequency_penalty: float = 0.0    # 0.0: off; minus this times the token's count in the output (OpenAI)
+    presence_penalty: float = 0.0     # 0.0: off; minus this once a token has appeared in the output (OpenAI)
     seed: Optional[int] = None
     max_tokens: int = 16
     stop: Optional[list[str]] = None
@@ -31,15 +36,28 @@ class SamplingParams:
     ignore_eos: bool = False
     # each fn(output_token_ids: list[int], logits (V,)) -> logits (V,), applied in order (vLLM v0's signature)
     logits_processors: Optional[list] = None
+    logprobs: Optional[int] = None          # top-k log-probabilities per generated token (and the sampled one's)
+    prompt_logprobs: Optional[int] = None   # the same for every prompt token after the first
+    guided_regex: Optional[str] = None      # structured output (minillm.guided): at most one of these three
+    guided_json: Optional[object] = None    # a JSON schema (dict or JSON text)
+    guided_choice: Optional[list] = None    # one of these strings exactly
 
     def __post_init__(self):
         """Every field is type-checked here, so a bad value fails at the call, not mid-step in the engine
         (True is an int to Python, and top_k=True would otherwise reach torch.topk)."""
         S = "SamplingParams"
         self.n = _check_int(S, "n", self.n, 1)
+        if self.best_of is not None:
+            self.best_of = _check_int(S, "best_of", self.best_of, self.n, what=f"None or an integer >= n={self.n}")
         self.temperature = _check_real(S, "temperature", self.temperature, "a finite number >= 0")
         self.top_k = _check_int(S, "top_k", self.top_k, 0, what="an integer >= 0 (0 disables it)")
         self.top_p = _check_real(S, "top_p", self.top_p, "a number in (0, 1]", lambda p: 0 < p <= 1)
+        self.min_p = _check_real(S, "min_p", self.min_p, "a number in [0, 1]", lambda p: 0 <= p <= 1)
+        self.repetition_penalty = _check_real(S, "repetition_penalty", self.repetition_penalty,
+                                              "a number > 0 (1.0 disables it)", lambda x: x > 0)
+        for name in ("frequency_penalty", "presence_penalty"):
+            setattr(self, name, _check_real(S, name, getattr(self, name), "a number in [-2, 2] (0.0 disables it)",
+                                            lambda x: -2 <= x <= 2))
         if self.seed is not None:
             self.seed = _check_int(S, "seed", self.seed, 0, 2**62, what="None or an integer in [0, 2**62)")
         self.max_tokens = _check_int(S, "max_tokens", self.max_tokens, 1)
@@ -52,6 +70,23 @@ class SamplingParams:
         _check_bool(S, "ignore_eos", self.ignore_eos)
         self.logits_processors = _check_list(S, "logits_processors", self.logits_processors, callable,
                                              "a list or tuple of callables fn(output_token_ids, logits) -> logits")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _check_int(S, name, getattr(self, name), 0, what="None or an integer >= 0"))
+        guided = [g for g in ("guided_regex", "guided_json", "guided_choice") if getattr(self, g) is not None]
+        if len(guided) > 1:
+            raise ValueError(f"SamplingParams: {' and '.join(guided)} were both given; structured output takes "
+                             "one constraint (guided_regex, guided_json or guided_choice)")
+        if self.guided_regex is not None and not isinstance(self.guided_regex, str):
+            raise ValueError(f"SamplingParams.guided_regex must be a str, got {self.guided_regex!r}")
+        if self.guided_json is not None and not isinstance(self.guided_json, (dict, str, bool)):
+            raise ValueError(f"SamplingParams.guided_json must be a JSON schema (a dict or JSON text), "
+                             f"got {type(self.guided_json).__name__}")
+        if self.guided_choice is not None:
+            self.guided_choice = _check_list(S, "guided_choice", self.guided_choice,
+                                             lambda c: isinstance(c, str) and c != "", "a list of non-empty strings")
+            if not self.guided_choice:
+                raise ValueError("SamplingParams.guided_choice must list at least one string, got []")
 
     @property
     def greedy(self) -> bool:
