@@ -3,12 +3,13 @@
 viz draws the plain data that minillm records or measures (Trace steps, minillm.bench.profiling results,
 tensors); it never reaches into the engine's internals, and minillm never imports it.
 One concept per file: engine_path, trace, sampling, architecture, forward_breakdown, attention,
-rope, kv_cache, decode_timing, training, serving, kernels, flash, quant, spec, medusa_tree, source
-(diagram and _figure are the shared drawing kit).
+rope, kv_cache, decode_timing, decoding, training, serving, scheduling, kernels, flash, quant, spec, medusa_tree,
+source (diagram and _figure are the shared drawing kit).
 """
 from .architecture import draw_llama_block, llama_steps
 from .attention import plot_attention
 from .decode_timing import plot_decode_timing, plot_prefill_vs_decode
+from .decoding import draw_beam_tree, draw_dfa, plot_mask_cost, plot_masks_per_step, plot_strategies
 from .engine_path import draw_engine_map, draw_engine_path
 from .flash import draw_attention_tiles, plot_attention_memory, plot_online_softmax, plot_split_sweep
 from .forward_breakdown import plot_forward_breakdown
@@ -17,6 +18,13 @@ from .kv_cache import draw_kv_pool, draw_recompute_grid, plot_kv_bytes, plot_kv_
 from .quant import plot_channel_error_heatmap, plot_pareto, plot_speedup_vs_batch, plot_weight_activation_hist
 from .rope import plot_rope
 from .sampling import plot_next_token_distribution, sampling_explorer
+from .scheduling import (
+                      draw_prefix_caches,
+                      plot_client_service,
+                      plot_latency_vs_utilisation,
+                      plot_order_comparison,
+                      plot_request_timelines,
+)
 from .serving import (
                       plot_block_map,
                       plot_block_size_sweep,
@@ -52,4 +60,7 @@ __all__ = ["draw_engine_path", "draw_engine_map", "plot_trace", "plot_next_token
            "plot_weight_activation_hist", "plot_channel_error_heatmap", "plot_pareto", "plot_speedup_vs_batch",
            "spec_text_html", "spec_counts", "plot_spec_vs_gamma", "plot_spec_vs_batch", "draw_medusa_tree",
            "plot_acceptance_bars",
-           "plot_pass_cost", "plot_exactness", "show_source"]
+           "plot_pass_cost", "plot_exactness", "show_source",
+           "plot_request_timelines", "plot_order_comparison", "plot_client_service", "plot_latency_vs_utilisation",
+           "draw_prefix_caches",
+           "plot_strategies", "draw_beam_tree", "draw_dfa", "plot_masks_per_step", "plot_mask_cost"]

@@ -1,5 +1,6 @@
-"""`python -m minillm bench decode | batched | serve | quant | spec`: batch-1 decode speed; batched decode
-beside llama2.c's run.c and against torch's own matmul FLOP/s; a serving workload under several settings.
+"""`python -m minillm bench decode | batched | serve | sched | quant | spec | guided`: batch-1 decode speed; batched
+decode beside llama2.c's run.c and against torch's own matmul FLOP/s; a serving workload under several settings; the
+scheduling orders on heavy-tailed traces; structured output (validity, mask cost, jump-forward, outlines-core).
 Warm-up excluded, medians of several runs, every ratio measured side by side in one run."""
 from __future__ import annotations
 
@@ -35,6 +36,16 @@ def main(argv: list[str]) -> int:
                     help="time by a per-step cost model calibrated here first, not the wall clock (busy machines)")
     sv.add_argument("--quick", action="store_true", help="12 requests, context 128: a smoke test")
     sv.add_argument("--json", default=None)
+    sc = sub.add_parser("sched", help="scheduling orders (fcfs, sjf, priority, mlfq, fair, lpm) on heavy-tailed traces")
+    sc.add_argument("--model", default="shakespeare")
+    sc.add_argument("--tokenizer", default=None)
+    sc.add_argument("--requests", type=int, default=300)
+    sc.add_argument("--utilisation", type=float, default=0.85, help="arrival rate / the engine's measured capacity")
+    sc.add_argument("--max-num-seqs", type=int, default=2, help="small, so that long requests can hold every seat")
+    sc.add_argument("--seeds", type=int, default=3, help="traces the headline JCT ratios are repeated on")
+    sc.add_argument("--no-real", action="store_true", help="skip the wall-clock runs")
+    sc.add_argument("--quick", action="store_true", help="48 requests, 16 on the wall clock: a smoke test")
+    sc.add_argument("--json", default=None)
     b = sub.add_parser("batched", help="batched decode tok/s and FLOP/s, beside llama2.c's run.c (--runc)")
     b.add_argument("--model", required=True)
     b.add_argument("--tokenizer", default=None)
@@ -70,6 +81,14 @@ def main(argv: list[str]) -> int:
     pe.add_argument("--runc", default=None, help="a run.c binary you built, timed at batch 1 (it has no batching)")
     pe.add_argument("--quick", action="store_true", help="batches 1 and 4, 16 steps, 1 repeat: a smoke test")
     pe.add_argument("--json", default=None)
+    gd = sub.add_parser("guided", help="structured output: validity, mask cost at batch 8, jump-forward, "
+                                       "masks and times beside outlines-core")
+    gd.add_argument("--model", default="shakespeare")
+    gd.add_argument("--samples", type=int, default=500, help="samples per schema / regex at T = 1")
+    gd.add_argument("--repeats", type=int, default=5, help="rounds of the mask-cost runs")
+    gd.add_argument("--quick", action="store_true", help="4 samples each, 1 repeat, 24-token mask runs, 2 constraints "
+                                                        "beside outlines-core: a smoke test")
+    gd.add_argument("--json", default=None)
     d = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
     d.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
     d.add_argument("--tokenizer", default=None)
@@ -99,6 +118,12 @@ def main(argv: list[str]) -> int:
         for k, v in res["ratios"].items():
             print(f"{k}: {v:.1%}" if "waste" in k else f"{k}: {v:.2f}")
         return _write_json(res, a.json)
+    if a.what == "sched":
+        from .sched import bench_sched, print_table
+        res = bench_sched(a.model, a.tokenizer, a.requests, a.utilisation, a.max_num_seqs, a.seeds,
+                          real=not a.no_real, quick=a.quick)
+        print_table(res)
+        return _write_json(res, a.json)
     if a.what == "quant":
         from .quant import bench_quant, print_table
         steps, batch, repeats, windows = (8, 4, 1, 4) if a.quick else (a.steps, a.batch, a.repeats, a.windows)
@@ -112,6 +137,11 @@ def main(argv: list[str]) -> int:
         else:
             res = bench_spec(a.model, a.tokenizer, a.prompts, a.max_tokens)
         print_table(res)
+        return _write_json(res, a.json)
+    if a.what == "guided":
+        from .guided import bench_guided, print_report
+        res = bench_guided(a.model, 4 if a.quick else a.samples, 1 if a.quick else a.repeats, a.quick)
+        print_report(res)
         return _write_json(res, a.json)
     if a.what == "peers":
         from .peers import bench_peers, parse_batches, print_table

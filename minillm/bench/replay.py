@@ -40,13 +40,16 @@ class ServeResult:
 
 
 def replay(model, tokenizer, workload: list[Request], label: str = "", return_engine: bool = False,
-           step_cost: Optional[Callable] = None, **options):
+           step_cost: Optional[Callable] = None, policy=None, **options):
     """Serve `workload` on a fresh engine with these EngineConfig options -> ServeResult
     (with return_engine=True: (ServeResult, the engine, for its trace, and the finished RequestOutputs)).
     step_cost: time by this cost model, batch -> seconds (a StepCost; a simulated clock: the tokens are still
-    computed) instead of the wall clock."""
+    computed) instead of the wall clock. policy: a scheduling policy object (the engine's seam) instead of the one
+    the options name. A request's client and priority go with it (its priority only where the order reads one)."""
     clock = SkipClock() if step_cost is None else SimClock()
-    engine = LLMEngine.from_model(model, tokenizer, EngineConfig(**options), clock=clock)
+    engine = LLMEngine.from_model(model, tokenizer, EngineConfig(**options), clock=clock,
+                                  **({"policy": policy} if policy is not None else {}))
+    prioritised = getattr(engine.scheduler.order, "uses_priority", False)
     if step_cost is not None:
         run = engine.runner.run
 
@@ -63,7 +66,8 @@ def replay(model, tokenizer, workload: list[Request], label: str = "", return_en
         while i < len(pending) and pending[i].arrival <= clock():
             r = pending[i]
             engine.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True),
-                               arrival_time=r.arrival)
+                               arrival_time=r.arrival, client=getattr(r, "client", None),
+                               priority=getattr(r, "priority", 0) if prioritised else 0)
             i += 1
         ran = engine.trace.count
         engine.step()

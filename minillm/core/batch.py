@@ -107,3 +107,5 @@ class Verdict:
     drafted: list = field(default_factory=list)  # what the trace shows as drafted
     terms: list = field(default_factory=list)    # per examined draft slot: sum_x min(p, q) (alpha's estimate)
     error: Optional[str] = None                  # the request's own mistake (a logits processor raised ...)
+    logprobs: Optional[list] = None              # per token: {token id: raw logprob} (minillm.core.logprobs)
+    prompt_logprobs: Optional[tuple] = None      # (first position, one dict per prompt token it scores)

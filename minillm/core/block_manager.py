@@ -115,7 +115,8 @@ class BlockManager:
         assert not seq.block_table, "allocate_prompt is for a sequence that holds no blocks"
         ids, bs = seq.token_ids, self.block_size
         hits = 0
-        if self.prefix_caching:
+        scoring = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) < len(seq.prompt_ids)
+        if self.prefix_caching and not scoring:      # prompt_logprobs needs logits at every prompt position (vLLM v1)
             for i, h in enumerate(self._full_block_hashes(ids[:-1])):  # the last token is always computed
                 b = self.cached.get(h)
                 if b is None or self.block_tokens[b] != tuple(ids[i * bs:(i + 1) * bs]):

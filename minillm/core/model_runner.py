@@ -3,7 +3,8 @@
 Every row contributes its own tokens (positions start .. end - 1) and its drafts after them, all written to
 their cache slots and read back through the block table. The backend (the torch Transformer, or its numba or
 CUDA twin: the same forward signature) returns logits only for the rows asked for: on a row that reaches its
-sequence's newest token, the newest token and every draft (1 + k rows); none for a partial prompt chunk.
+sequence's newest token, the newest token and every draft (1 + k rows); none for a partial prompt chunk;
+and, for a request with prompt_logprobs, every prompt position it computes (minillm.core.logprobs.prompt_rows).
 
     tokens (B, T)  positions (B, T) RoPE positions  attn: slot_mapping (B, T), block_tables (B, M), context_lens (B,),
     positions (B, T) cache positions (a draft tree's nodes sit in consecutive slots but at RoPE position base + depth),
@@ -14,7 +15,7 @@ not padded to a prompt's length; the cache is shared, the rows independent.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -22,12 +23,14 @@ import torch
 from ..llama.attention import AttentionMetadata
 from ..llama.kv_cache import KVCache, SwapSpace
 from .batch import Draft, Row, ScheduledBatch
+from .logprobs import prompt_rows
 
 
 @dataclass
 class RunnerOutput:
     logits: list                    # per row: (n, V) at its newest token and each draft, or None
     hidden: Optional[list] = None   # per row: (n, C) the final-normed hidden states there (when asked for)
+    prompt_logits: Optional[list] = None   # per row: (first prompt position, logits (n, V)) for prompt_logprobs
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Query:
     rope_at: list       # each one's RoPE position
     mask: object        # (n, n) bool who sees whom among them, or None (causal)
     wanted: list        # indices whose logits are asked for
+    prompt: list = field(default_factory=list)   # then these: prompt positions prompt_logprobs needs scored
 
 
 def build_query(row: Row, draft: Optional[Draft]) -> Query:
@@ -52,7 +56,7 @@ def build_query(row: Row, draft: Optional[Draft]) -> Query:
         for i in range(k):                                                  # a node sees its ancestors only
             mask[m + i, [m + a for a in draft.ancestors(i)]] = True
     wanted = list(range(m - 1, m + k)) if row.completes else ([m - 1] if not row.writes else [])
-    return Query(tokens, list(range(row.start, row.end + k)), rope_at, mask, wanted)
+    return Query(tokens, list(range(row.start, row.end + k)), rope_at, mask, wanted, prompt_rows(row))
 
 
 class ModelRunner:
@@ -73,7 +77,8 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch, drafts: Optional[list] = None) -> RunnerOutput:
         drafts = drafts or [None] * len(batch.rows)
         queries = [build_query(r, d) for r, d in zip(batch.rows, drafts)]
-        out = RunnerOutput([None] * len(queries), [None] * len(queries) if self.hidden else None)
+        out = RunnerOutput([None] * len(queries), [None] * len(queries) if self.hidden else None,
+                           [None] * len(queries) if any(q.prompt for q in queries) else None)
         short = [i for i, r in enumerate(batch.rows) if not r.prefill]
         for group in (short, [i for i, r in enumerate(batch.rows) if r.prefill]):
             if group:
@@ -100,7 +105,7 @@ class ModelRunner:
             tables[b, :len(r.seq.block_table)] = torch.tensor(r.seq.block_table)
             if q.mask is not None:
                 mask[b, :n, :n] = q.mask
-            select += [b * T + j for j in q.wanted]
+            select += [b * T + j for j in q.wanted + q.prompt]
         context_lens = torch.tensor([r.start + len(q.tokens) for r, q in zip(rows, queries)])   # (B,)
         attn = AttentionMetadata.build(slots_at, tables, context_lens, self.kv.block_size, valid)
         attn.tree_mask = mask
@@ -108,12 +113,15 @@ class ModelRunner:
                          **({"return_hidden": True} if self.hidden else {}))
         logits, hidden = res if self.hidden else (res, None)            # (N, V), (N, C)
         at = 0
-        for i, q in zip(index, queries):
+        for i, r, q in zip(index, rows, queries):
             if q.wanted:
                 out.logits[i] = logits[at:at + len(q.wanted)]
                 if hidden is not None:
                     out.hidden[i] = hidden[at:at + len(q.wanted)]
             at += len(q.wanted)
+            if q.prompt:
+                out.prompt_logits[i] = (r.start + q.prompt[0], logits[at:at + len(q.prompt)])   # (n, V)
+            at += len(q.prompt)
 
     def commit(self, batch: ScheduledBatch, drafts: list, verdicts: list):
         """A draft tree's accepted path sits in scattered slots (node i at position end + i): move it into the

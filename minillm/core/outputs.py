@@ -15,6 +15,8 @@ class CompletionOutput:
     finish_reason: Optional[str]   # "stop", "length", "abort", "error", or None while running
     stop_reason: object = None     # the stop string or token id, if one ended it
     error: Optional[str] = None    # finish_reason "error": what went wrong (the other requests went on)
+    logprobs: Optional[list] = None             # logprobs=k: per token {token id: logprob}, the token's first
+    cumulative_logprob: Optional[float] = None  # the sum of the tokens' logprobs (with logprobs or best_of)
 
 
 @dataclass
@@ -25,6 +27,7 @@ class RequestOutput:
     outputs: list                  # [CompletionOutput] one per sample (n)
     finished: bool
     metrics: RequestMetrics        # of the first sample
+    prompt_logprobs: Optional[list] = None   # prompt_logprobs=k: None, then per prompt token {token id: logprob}
 
     @property
     def text(self) -> str:

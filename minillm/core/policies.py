@@ -9,6 +9,12 @@ A policy's schedule(sched) builds one ScheduledBatch with two calls of the sched
                                                   if it was preempted itself
 and reads sched.waiting (oldest first), sched.running, sched.swapped, sched.budget (tokens per step).
 
+A batching policy decides how a step is built; its ORDER (minillm.core.orders, EngineConfig.scheduling_policy:
+fcfs, sjf, priority, mlfq, fair, lpm) decides who comes first: order.admissible(sched) is the waiting queue in
+admission order, order.running(sched) the running sequences best first, and order.preempt(sched) lets a preemptive
+order (priority, mlfq, sjf) make room for a waiting request that outranks running ones. With FCFS (the default)
+each policy is exactly what it was before orders existed.
+
 Batching policies (EngineConfig.batching and enable_chunked_prefill):
 - Continuous (Orca, Yu et al. 2022): waiting requests join at every step. A step is a prefill of newly admitted
   sequences or one decode token for every running one (vLLM's default before chunked prefill).
@@ -26,6 +32,7 @@ import math
 
 from ..config import EngineConfig
 from .batch import ScheduledBatch
+from .orders import FCFS, Order, make_order
 from .sequence import Status
 
 UNLIMITED = math.inf
@@ -34,6 +41,10 @@ UNLIMITED = math.inf
 class SchedulingPolicy:
     name = "policy"
     pads = False        # finished sequences ride along as padding rows until the batch ends (static batching)
+    order: Order = FCFS()   # who comes first (a policy written without orders, e.g. a lab's, is FCFS)
+
+    def __init__(self, order: Order | None = None):
+        self.order = order or FCFS()
 
     def schedule(self, sched) -> ScheduledBatch:
         raise NotImplementedError
@@ -43,8 +54,9 @@ class Continuous(SchedulingPolicy):
     name = "continuous"
 
     def schedule(self, sched) -> ScheduledBatch:
+        self.order.preempt(sched)                                       # preemptive orders make room first
         batch, budget = ScheduledBatch("prefill"), sched.budget
-        for seq in list(sched.waiting) if not sched.swapped else []:   # swapped sequences come back first
+        for seq in self.order.admissible(sched):                        # fcfs: oldest first, none while swapped
             if batch and len(seq) > budget:                             # the first prompt always fits the budget
                 break
             n = sched.admit(batch, seq, budget)
@@ -54,7 +66,7 @@ class Continuous(SchedulingPolicy):
         if batch:
             return batch
         batch = ScheduledBatch("decode")
-        for seq in list(sched.running):
+        for seq in self.order.running(sched):
             if seq.status is Status.RUNNING:
                 sched.extend(batch, seq)
         return batch
@@ -64,12 +76,13 @@ class Chunked(SchedulingPolicy):
     name = "chunked"
 
     def schedule(self, sched) -> ScheduledBatch:
+        self.order.preempt(sched)
         batch, budget = ScheduledBatch("mixed"), sched.budget
         for decoding in (True, False):              # decodes first: they never wait for a prompt
-            for seq in list(sched.running):
+            for seq in self.order.running(sched):
                 if seq.status is Status.RUNNING and (len(seq) - seq.num_computed == 1) == decoding and budget > 0:
                     budget -= sched.extend(batch, seq, budget)
-        for seq in list(sched.waiting) if not sched.swapped else []:
+        for seq in self.order.admissible(sched):
             n = sched.admit(batch, seq, budget, chunk=True) if budget > 0 else 0
             if not n:
                 break
@@ -96,7 +109,7 @@ class Static(SchedulingPolicy):
             sched.release_padding()                 # every member was preempted: the batch is over
         batch = ScheduledBatch("prefill")
         if sched.waiting and self.may_form(sched):
-            for seq in list(sched.waiting):         # the whole batch, at once
+            for seq in self.order.admissible(sched):   # the whole batch, at once
                 if not sched.admit(batch, seq, UNLIMITED):
                     break
         return batch
@@ -105,7 +118,8 @@ class Static(SchedulingPolicy):
 class Dynamic(Static):
     name = "dynamic"
 
-    def __init__(self, window_s: float):
+    def __init__(self, window_s: float, order: Order | None = None):
+        super().__init__(order)
         self.window_s = window_s
 
     def may_form(self, sched) -> bool:
@@ -114,9 +128,13 @@ class Dynamic(Static):
         return sched.clock() - sched.waiting[0].metrics.arrival_time >= self.window_s
 
 
-def make_policy(config: EngineConfig) -> SchedulingPolicy:
+def make_policy(config: EngineConfig, cache_tokens: int | None = None) -> SchedulingPolicy:
+    """The batching policy of config, with the order config.scheduling_policy names. cache_tokens: the KV pool's
+    size in tokens, which bounds lpm's radix tree as the pool bounds the prefix cache."""
+    kwargs = {"capacity": cache_tokens} if config.scheduling_policy == "lpm" else {}
+    order = make_order(config.scheduling_policy, **kwargs)
     if config.batching == "static":
-        return Static()
+        return Static(order)
     if config.batching == "dynamic":
-        return Dynamic(config.batch_window_s)
-    return Chunked() if config.enable_chunked_prefill else Continuous()
+        return Dynamic(config.batch_window_s, order)
+    return Chunked(order) if config.enable_chunked_prefill else Continuous(order)

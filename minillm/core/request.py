@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .logprobs import best, scored
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 
@@ -15,14 +16,23 @@ class Request:
     prompt_ids: list               # BOS included
     params: SamplingParams
     arrival_time: float
-    seqs: list                     # [Sequence] one per sample (n)
+    seqs: list                     # [Sequence] one per sample (best_of, else n); beam search: the live beams
+    beam: Optional[object] = None  # beam search: its BeamGroup (minillm.core.beam), which also makes its output
 
     @property
     def finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
 
     def output(self) -> RequestOutput:
-        outs = [CompletionOutput(s.index, s.text, list(s.output_ids), s.finish_reason, s.stop_reason, s.error)
-                for s in self.seqs]
+        """best_of > n: the n samples with the highest cumulative logprob, best first (each keeps its index)."""
+        if self.beam is not None:
+            return self.beam.output()
+        p = self.params
+        seqs = best(self.seqs, p.n) if p.num_samples > p.n else self.seqs
+        outs = [CompletionOutput(s.index, s.text, list(s.output_ids), s.finish_reason, s.stop_reason, s.error,
+                                 list(s.logprobs) if p.logprobs is not None else None,
+                                 s.cumulative_logprob if scored(p) else None)
+                for s in seqs]
+        prompt_lp = self.seqs[0].prompt_logprobs
         return RequestOutput(self.request_id, self.prompt, list(self.prompt_ids), outs, self.finished,
-                             self.seqs[0].metrics)
+                             self.seqs[0].metrics, list(prompt_lp) if prompt_lp is not None else None)

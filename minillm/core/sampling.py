@@ -1,9 +1,20 @@
 """Sampling: SamplingParams (vLLM's names), the engine's batched sampler, and run.c's own sampler.
 
 Each sequence samples with its own torch.Generator, seeded from its request, so a request's output
-does not depend on what else shares its batch. Order of operations, as vLLM and HF apply them:
-temperature, then top-k, then top-p (the smallest set of tokens whose probability reaches top_p).
-temperature == 0 is greedy (argmax, first index on ties, like run.c's sample_argmax).
+does not depend on what else shares its batch. The order of operations is vLLM's (v0 Sampler and v1
+TopKTopPSampler), on one row of the model's logits (V,):
+
+    logits processors   the public hook: SamplingParams.logits_processors, each fn(output ids, logits) -> logits,
+                        in order (vLLM v0's signature; structured output's masks come after the user's)
+    penalties           repetition (CTRL, Keskar et al. 2019, as HF and vLLM: positive logits divided by it,
+                        negative ones multiplied, for every token in the prompt or the output), then
+                        frequency and presence (OpenAI: minus freq * count in the output, minus pres once seen)
+    temperature         logits / T  (T < 1e-5 is greedy: argmax of the penalised logits, first index on ties,
+                        like run.c's sample_argmax; the steps below cannot change the argmax)
+    top-k, top-p, min-p keep the k largest, then the smallest top set reaching top_p, then tokens with
+                        p >= min_p * p_max (Nguyen et al. 2024, "min-p sampling"), renormalised
+transform_logits does the first two, probs_from_logits the rest: speculative decoding takes both p and q
+through probs_from_logits. Log-probabilities (logprobs=k) are of the raw logits: minillm.core.logprobs.
 """
 from __future__ import annotations
 
@@ -20,22 +31,25 @@ _SAMPLING_EPS = 1e-5
 
 @dataclass
 class SamplingParams:
+    """Pass options by name. The first ten fields keep the positions they always had (a positional call still
+    means the same); the decoding options added later follow them."""
     n: int = 1
-    best_of: Optional[int] = None   # sample best_of, return the n with the highest cumulative logprob (None: n)
     temperature: float = 1.0
     top_k: int = 0            # 0: off
     top_p: float = 1.0        # 1.0: off
-    min_p: float = 0.0        # 0.0: off; keep tokens with p >= min_p * p_max
-    repetition_penalty: float = 1.0   # 1.0: off; > 1 discourages tokens already in the prompt or output (CTRL)
-    frequency_penalty: float = 0.0    # 0.0: off; minus this times the token's count in the output (OpenAI)
-    presence_penalty: float = 0.0     # 0.0: off; minus this once a token has appeared in the output (OpenAI)
     seed: Optional[int] = None
     max_tokens: int = 16
     stop: Optional[list[str]] = None
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
-    # each fn(output_token_ids: list[int], logits (V,)) -> logits (V,), applied in order (vLLM v0's signature)
+    # THE public hook: each fn(output_token_ids: list[int], logits (V,)) -> logits (V,), applied in order to the
+    # raw logits before penalties and temperature (vLLM v0's signature; transform_logits)
     logits_processors: Optional[list] = None
+    best_of: Optional[int] = None   # sample best_of, return the n with the highest cumulative logprob (None: n)
+    min_p: float = 0.0        # 0.0: off; keep tokens with p >= min_p * p_max
+    repetition_penalty: float = 1.0   # 1.0: off; > 1 discourages tokens already in the prompt or output (CTRL)
+    frequency_penalty: float = 0.0    # 0.0: off; minus this times the token's count in the output (OpenAI)
+    presence_penalty: float = 0.0     # 0.0: off; minus this once a token has appeared in the output (OpenAI)
     logprobs: Optional[int] = None          # top-k log-probabilities per generated token (and the sampled one's)
     prompt_logprobs: Optional[int] = None   # the same for every prompt token after the first
     guided_regex: Optional[str] = None      # structured output (minillm.guided): at most one of these three
@@ -87,17 +101,34 @@ class SamplingParams:
                                              lambda c: isinstance(c, str) and c != "", "a list of non-empty strings")
             if not self.guided_choice:
                 raise ValueError("SamplingParams.guided_choice must list at least one string, got []")
+        if self.greedy and self.best_of is not None and self.best_of > 1:
+            raise ValueError(f"SamplingParams: best_of={self.best_of} with greedy sampling (temperature="
+                             f"{self.temperature}): every sample would be the same argmax, so there is nothing to "
+                             "choose from (vLLM refuses it too); set temperature > 0, or leave best_of None")
 
     @property
     def greedy(self) -> bool:
         """temperature below 1e-5 is greedy, as in vLLM: logits / 1e-40 would overflow to inf."""
         return self.temperature < _SAMPLING_EPS
 
+    @property
+    def penalized(self) -> bool:
+        """Does any penalty change the logits?"""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
-def probs_from_logits(logits, temperature: float, top_k: int = 0, top_p: float = 1.0):
-    """The distribution actually sampled from, after temperature, top-k and top-p. logits: (V,) -> (V,).
-    Speculative decoding reuses this: p and q are both taken after these transforms. Tokens tied with
-    the k-th largest logit are all kept (as vLLM and HF do), so top-k may keep more than k on ties."""
+    @property
+    def num_samples(self) -> int:
+        """How many samples run: best_of (None: n). The n with the highest cumulative logprob are returned."""
+        return self.best_of if self.best_of is not None else self.n
+
+
+def probs_from_logits(logits, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0):
+    """The distribution actually sampled from, after temperature, top-k, top-p and min-p. logits: (V,) -> (V,),
+    already through transform_logits (processors, penalties). Speculative decoding reuses this: p and q are
+    both taken after these transforms. Tokens tied with the k-th largest logit are all kept (as vLLM and HF
+    do), so top-k may keep more than k on ties. min-p comes last, as in vLLM's sampler: its threshold is
+    relative to the largest probability, which top-k and top-p always keep, so it is the same ratio p / p_max
+    whether measured before or after their renormalisation."""
     logits = logits.float() / temperature                              # (V,)
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
@@ -109,7 +140,36 @@ def probs_from_logits(logits, temperature: float, top_k: int = 0, top_p: float =
         sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)          # keep the prefix that reaches top_p
         probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
         probs = probs / probs.sum()
+    if min_p > 0.0:
+        probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)   # the max itself always stays
+        probs = probs / probs.sum()
     return probs
+
+
+def apply_penalties(logits: torch.Tensor, prompt_ids, output_ids, repetition: float = 1.0,
+                    frequency: float = 0.0, presence: float = 0.0) -> torch.Tensor:
+    """vLLM's apply_penalties on one row, logits (V,) -> a new (V,):
+    repetition (CTRL; HF's RepetitionPenaltyLogitsProcessor): a token seen in the prompt or the output has its
+    logit divided by `repetition` if positive, multiplied if not, so > 1 always makes it less likely;
+    then frequency and presence (OpenAI's definition): logit -= frequency * count, then -= presence if count > 0,
+    counting the OUTPUT only, as vLLM and OpenAI do. Negative frequency / presence encourage repeats.
+    In numpy on the seen tokens only: the same values as vLLM's dense torch masks (each in the logits' dtype),
+    about 3x faster per row (a dozen small torch ops cost more than the arithmetic)."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32)).numpy().copy()   # (V,) the caller's row stays
+    one = x.dtype.type
+    counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=x.shape[-1])  # (V,) count in the output
+    if repetition != 1.0:
+        seen = counts > 0                                                    # (V,)
+        seen[np.asarray(prompt_ids, dtype=np.int64)] = True
+        idx = np.flatnonzero(seen)                                           # (S,)
+        v = x[idx]
+        x[idx] = np.where(v > 0, v / one(repetition), v * one(repetition))
+    idx = np.flatnonzero(counts)                                             # (U,) tokens in the output
+    if frequency != 0.0:
+        x[idx] -= one(frequency) * counts[idx].astype(x.dtype)
+    if presence != 0.0:
+        x[idx] -= one(presence)
+    return torch.from_numpy(x)
 
 
 def apply_processors(processors: list, token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
@@ -123,17 +183,37 @@ def apply_processors(processors: list, token_ids: list[int], logits: torch.Tenso
     return logits
 
 
+def transform_logits(params: SamplingParams, prompt_ids, output_ids, logits: torch.Tensor) -> torch.Tensor:
+    """The steps before temperature: the request's logits processors (user's first, in order), then its
+    penalties. output_ids: the tokens generated so far (in speculative verification, followed by the drafts
+    before this slot, which count as output: the same logits an uninterrupted decode would see).
+    logits (V,) -> (V,); the same tensor when there is nothing to do."""
+    if params.logits_processors:
+        logits = apply_processors(params.logits_processors, output_ids, logits)
+    if params.penalized:
+        logits = apply_penalties(logits, prompt_ids, output_ids, params.repetition_penalty,
+                                 params.frequency_penalty, params.presence_penalty)
+    return logits
+
+
+def sampling_probs(logits, params: SamplingParams):
+    """probs_from_logits with a request's temperature, top_k, top_p and min_p. logits (V,) -> (V,)."""
+    return probs_from_logits(logits, params.temperature, params.top_k, params.top_p, params.min_p)
+
+
 def sample(logits, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
-    """One token from one row of logits (V,)."""
+    """One token from one row of logits (V,), already through transform_logits."""
     if params.greedy:
         return int(torch.argmax(logits))
-    probs = probs_from_logits(logits, params.temperature, params.top_k, params.top_p)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(torch.multinomial(sampling_probs(logits, params), 1, generator=generator))
 
 
-def sample_batch(logits, params: list[SamplingParams], generators: list) -> list[int]:
-    """logits: (B, V) -> B token ids, each row with its own params and generator."""
-    return [sample(logits[b], params[b], generators[b]) for b in range(logits.shape[0])]
+def sample_batch(logits, params: list[SamplingParams], generators: list, contexts: Optional[list] = None) -> list[int]:
+    """logits: (B, V) -> B token ids, each row with its own params and generator (so a row's token does not depend
+    on the others). contexts: per row (prompt ids, output ids) for its processors and penalties, or None."""
+    contexts = contexts or [((), ())] * logits.shape[0]
+    return [sample(transform_logits(params[b], *contexts[b], logits[b]), params[b], generators[b])
+            for b in range(logits.shape[0])]
 
 
 # ---------------------------------------------------------------------------- run.c's sampler

@@ -4,11 +4,13 @@ Who runs is the policy's call (minillm.core.policies); how is the scheduler's:
 - a row always starts at the sequence's num_computed (the tokens whose K/V are really in the cache), so a step
   that failed, or a preempted sequence coming back, recomputes exactly what is missing;
 - a sequence joins only if its whole prompt plus one token fits in free blocks (prefix-cache hits count as free);
-- when a running sequence finds no free block, the most recently admitted one is preempted: swapped out
-  (preemption_mode "swap", if the swap space has room) or dropped and queued first to be recomputed;
+- when a running sequence finds no free block, the order's victim (fcfs: the most recently admitted) is preempted:
+  swapped out (preemption_mode "swap", if the swap space has room) or dropped and queued first to be recomputed;
 - a decode row gets the draft slots the proposer asks for (vLLM's lookahead slots) only if they fit without
   preempting anyone; otherwise it decodes plainly this step;
 - n > 1: only a request's first sample is prefilled; the others fork its blocks when its prompt is done.
+- beam search (minillm.core.beam): extend() of a beam schedules all of its group's beams or none, and a preempted
+  beam takes its whole group with it (the group starts over from its prompt).
 update() appends the verified tokens, checks stops (minillm.core.detokenizer), finishes, frees and rolls back.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Callable, Optional
 from ..config import EngineConfig
 from .batch import ScheduledBatch, Verdict
 from .block_manager import BlockManager
+from .orders import FCFS
 from .policies import SchedulingPolicy, make_policy
 from .sequence import Sequence, Status
 
@@ -28,12 +31,14 @@ class Scheduler:
                  policy: Optional[SchedulingPolicy] = None, slots: Optional[Callable[[Sequence], int]] = None):
         self.config, self.block_manager, self.clock, self.stops = config, block_manager, clock, stops
         self.policy = policy or make_policy(config)
+        self.order = getattr(self.policy, "order", None) or FCFS()   # who is preempted, who swaps in (core/orders.py)
         self.slots = slots or (lambda seq: 0)     # draft slots the proposer wants past a decode's newest token
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.padding: list[Sequence] = []         # static batching: finished, still holding their batch slot
         self.swapped: deque[Sequence] = deque()   # preempted by swapping, oldest first
         self.pending_forks: dict[int, list[Sequence]] = {}   # parent seq_id -> samples waiting for its prompt
+        self.groups: dict = {}                    # request_id -> BeamGroup: beams run and leave together (core/beam.py)
         self.expect_arrivals = True               # False: every request is known (LLM.generate), none will come
         default_budget = 512 if config.enable_chunked_prefill else max(config.max_model_len, 2048)
         self.budget = config.max_num_batched_tokens or default_budget
@@ -68,6 +73,11 @@ class Scheduler:
         return end - seq.num_computed
 
     def extend(self, batch: ScheduledBatch, seq: Sequence, budget=float("inf")) -> int:
+        if seq.request_id in self.groups:                     # a beam group runs whole or waits (core/beam.py)
+            return self.groups[seq.request_id].extend(self, batch, budget)
+        return self.extend_one(batch, seq, budget)
+
+    def extend_one(self, batch: ScheduledBatch, seq: Sequence, budget=float("inf")) -> int:
         start = seq.num_computed
         end = int(min(len(seq), start + budget))
         if end <= start:
@@ -87,34 +97,41 @@ class Scheduler:
         newest running sequences if needed. False if seq itself was preempted."""
         bm = self.block_manager
         while bm.write_cost(seq, start, end) > bm.num_free:
-            victim = self.running[-1]
-            self.preempt(victim)
-            batch.rows = [r for r in batch.rows if r.seq is not victim]
-            if victim is seq:
+            victim = self.order.victim(self)      # fcfs: the newest running sequence
+            gone = self.preempt(victim)           # [victim], or a whole beam group
+            batch.rows = [r for r in batch.rows if r.seq not in gone]
+            owned = {b for r in batch.rows for b in r.seq.block_table}
+            batch.copies = [(s, d) for s, d in batch.copies if d in owned]   # none into a block just given back
+            if seq in gone:
                 return False
         batch.copies += bm.prepare_write(seq, start, end)
         return True
 
-    def preempt(self, seq: Sequence):
+    def preempt(self, seq: Sequence) -> list:
         """preemption_mode "swap": move the sequence's K/V to the swap space (if it has room) and resume it later
         where it stopped. "recompute" (or a full swap space): drop its K/V and queue it first; its prefill rebuilds
-        them (vLLM v0's two modes; recompute is cheaper for short sequences)."""
+        them (vLLM v0's two modes; recompute is cheaper for short sequences). A beam's whole group leaves and starts
+        over from its prompt (minillm.core.beam). -> the sequences that left running."""
+        if seq.request_id in self.groups:
+            return self.groups[seq.request_id].restart(self, seq)
         self.running.remove(seq)
         seq.metrics.num_preemptions += 1
         if self.config.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
             self._swap_out += self.block_manager.swap_out(seq)
             seq.status = Status.SWAPPED
             self.swapped.append(seq)
-            return
+            return [seq]
         self.block_manager.free_seq(seq)
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
+        return [seq]
 
     def add_padding(self, batch: ScheduledBatch):
         """Static batching: finished sequences recompute their last written position and write nothing (a real
-        row of compute, as in FasterTransformer)."""
+        row of compute, as in FasterTransformer). That is num_computed - 1: usually len(seq) - 2, but tokens a
+        guided pattern forced in the last step (jump-forward) were appended without being computed."""
         for seq in self.padding:
-            batch.add(seq, len(seq) - 2, len(seq) - 1, writes=False)
+            batch.add(seq, seq.num_computed - 1, seq.num_computed, writes=False)
 
     def release_padding(self):
         for seq in self.padding:
@@ -125,6 +142,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         if self.padding and not self.running:        # nobody left running: the static batch is over
             self.release_padding()
+        self.order.refresh(self)                     # levels, counters, the radix tree: before any choice
         swap_in = self._swap_in()
         batch = self.policy.schedule(self)
         batch.swap_in, batch.swap_out, self._swap_out = swap_in, self._swap_out, []
@@ -134,13 +152,14 @@ class Scheduler:
         return batch
 
     def _swap_in(self) -> list:
-        """Swapped-out sequences come back first (FCFS), as soon as their blocks and one more fit."""
+        """Swapped-out sequences come back first (fcfs; another order brings back the best ranked unless a waiting
+        request outranks it), as soon as their blocks and one more fit."""
         pairs, bm = [], self.block_manager
         while self.swapped and len(self.running) < self.config.max_num_seqs:
-            seq = self.swapped[0]
-            if len(seq.swap_table) + 1 > bm.num_free:
+            seq = self.order.next_swap_in(self)      # fcfs: the oldest; other orders: the best ranked, if no
+            if seq is None or len(seq.swap_table) + 1 > bm.num_free:   # waiting request outranks it
                 break
-            self.swapped.popleft()
+            self.swapped.remove(seq)
             pairs += bm.swap_in(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -171,7 +190,8 @@ class Scheduler:
         """Record what the step computed and append what verification emitted (verdicts: one per row, then one per
         fork). -> the sequences that finished."""
         now, done = self.clock(), []
-        rows = [(r.seq, r.end, r.completes, v) for r, v in zip(batch.rows, verdicts) if r.writes]
+        rows = [(r.seq, r.end, r.completes, v) for r, v in zip(batch.rows, verdicts)
+                if r.writes and not r.seq.is_finished]                  # (a beam pruned before the update)
         for (i, child), v in zip(batch.forks, verdicts[len(batch.rows):]):   # before a parent can finish and free
             parent, end = batch.rows[i].seq, batch.rows[i].end
             waiting = self.pending_forks[parent.seq_id]

@@ -56,8 +56,13 @@ class Sequence:
         self.error: Optional[str] = None  # finish_reason "error": what went wrong with this request
         self.text = ""                # decoded output, maintained by the engine
         self.text_bytes = b""         # its bytes (llama2.c tokenizers), extended one token per step
+        self.logprobs: list = []      # per output token {token id: raw logprob}, if scored (minillm.core.logprobs)
+        self.cumulative_logprob = 0.0  # the sum of its output tokens' logprobs (best_of ranks by it)
+        self.prompt_logprobs: Optional[list] = None   # [None, {..}, ..] on the sample that prefills, if asked
         self.generator = torch.Generator().manual_seed(seed)
         self.metrics = RequestMetrics(arrival_time)
+        self.priority = 0             # scheduling_policy "priority": lower is served first (vLLM)
+        self.client = None            # who sent it (scheduling_policy "fair" keeps one counter per client)
 
     @property
     def token_ids(self) -> list[int]:

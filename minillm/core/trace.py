@@ -32,6 +32,8 @@ class StepRecord:
     spec: list = field(default_factory=list)
     draft_seconds: float = 0.0   # proposing (the draft model's k forwards, a lookup, Medusa heads)
     verify_seconds: float = 0.0  # the target's one forward over the k + 1 positions
+    blocks_shared: int = 0       # blocks in several sequences' tables at the model call (n > 1 samples, beams)
+    pruned: list = field(default_factory=list)   # beam search: beams pruned this step (their blocks given back)
 
 
 def new_spec_stats() -> dict:
@@ -72,12 +74,14 @@ class Trace:
             return pending
         bm, bs = scheduler.block_manager, scheduler.block_manager.block_size
         written = {r.seq.seq_id: r.end + r.lookahead for r in batch.rows if r.writes}
-        fill = {}  # tokens written in each physical block (a shared block counts once)
+        fill, owners = {}, {}  # tokens written in each physical block (a shared block counts once); its owners
         for s in scheduler.running + scheduler.padding:
             n = written.get(s.seq_id, s.num_computed)
             for i, b in enumerate(s.block_table):
                 fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
-        return {**pending, "used": bm.num_blocks - bm.num_free, "free": bm.num_free, "filled": sum(fill.values())}
+                owners[b] = owners.get(b, 0) + 1
+        return {**pending, "used": bm.num_blocks - bm.num_free, "free": bm.num_free, "filled": sum(fill.values()),
+                "shared": sum(1 for c in owners.values() if c > 1)}
 
     def after_update(self, batch, drafts, verdicts, pending: dict, start: float, draft_seconds: float,
                      run_seconds: float, end: float):
@@ -103,7 +107,8 @@ class Trace:
                 blocks_free=pending["free"], kv_bytes_used=pending["used"] * block_bytes,
                 kv_bytes_filled=pending["filled"] * block_bytes // block_size, start=start, seconds=end - start,
                 spec=[self._spec_entry(r, v, b) for r, _, v, b in spec],
-                draft_seconds=draft_seconds, verify_seconds=run_seconds))
+                draft_seconds=draft_seconds, verify_seconds=run_seconds,
+                blocks_shared=pending["shared"], pruned=list(pending.get("pruned", []))))
         self.count += 1
 
     @staticmethod

@@ -1,8 +1,9 @@
 """Verification: from a row's logits to the tokens it emits. Plain sampling is the case of no drafts (k = 0).
 
 Notation, fixed once (DESIGN.md rule 10): p is the TARGET's next-token distribution, q the DRAFT's (the
-proposer's), both after the request's logits processors, temperature, top-k and top-p
-(minillm.core.sampling.probs_from_logits). A row with drafts x_1..x_k was scored in one forward at its newest
+proposer's), both after the request's temperature, top-k, top-p and min-p (minillm.core.sampling.probs_from_logits);
+p is also after its logits processors and penalties (transform_logits), which see the drafts before a slot as
+output, as they will be once accepted. A row with drafts x_1..x_k was scored in one forward at its newest
 token and every draft, giving p_1..p_{k+1} (p_i is the target's distribution for the slot x_i was drafted into).
 
 - k = 0: one token from p_1 (argmax when greedy), with the sequence's own generator.
@@ -17,6 +18,9 @@ token and every draft, giving p_1..p_{k+1} (p_i is the target's distribution for
   residual is p_i with x_i removed.
 The rule is a seam: `prepare(..., verify=my_rule)` (or LLM(..., verify=...)) plugs in another with the same
 signature, rule(p (k + 1, V), q (k, V) or None, draft ids, generator) -> (n accepted, token emitted).
+
+Each emitted token's logprob (logprobs=k, best_of) is read from the raw logits of the slot that predicted it
+(minillm.core.logprobs); a row that computed prompt positions for prompt_logprobs scores them here too.
 """
 from __future__ import annotations
 
@@ -24,8 +28,10 @@ from typing import Callable, Optional
 
 import torch
 
+from ..guided.processor import jump_forward
 from .batch import Draft, ScheduledBatch, Verdict
-from .sampling import apply_processors, probs_from_logits, sample
+from .logprobs import entries, prompt_entries, scored
+from .sampling import sample, sampling_probs, transform_logits
 from .sequence import Sequence
 
 
@@ -78,15 +84,26 @@ def greedy_path(draft: Draft, target_next: list[int]) -> list[int]:
 
 
 def verify_row(seq: Sequence, logits: torch.Tensor, draft: Optional[Draft], rule: Callable = verify_sampled) -> Verdict:
-    """One row: logits (1 + k, V) at the newest token and at each draft. -> what to emit."""
-    params, k = seq.params, len(draft) if draft else 0
+    """One row: logits (1 + k, V) at the newest token and at each draft. -> what to emit (and, if the request
+    asks, the raw logprobs of what it emits)."""
+    params = seq.params
 
-    def at(j: int) -> torch.Tensor:              # row j's logits, after the request's logits processors
-        if not params.logits_processors:
+    def at(j: int) -> torch.Tensor:              # row j's logits, after the request's processors and penalties
+        if not (params.logits_processors or params.penalized):
             return logits[j]
         path = [] if j == 0 else [draft.tokens[a] for a in draft.ancestors(j - 1)]
-        return apply_processors(params.logits_processors, seq.output_ids + path, logits[j])
+        return transform_logits(params, seq.prompt_ids, seq.output_ids + path, logits[j])
 
+    verdict = _decide(seq, logits, draft, rule, at)
+    if scored(params):                           # token i was predicted at slot 0, then at each accepted node + 1
+        slots = [0] + [a + 1 for a in verdict.path]
+        verdict.logprobs = entries(logits[slots], verdict.tokens, params.logprobs)
+    verdict.tokens += jump_forward(seq, verdict.tokens)   # tokens a guided_* pattern forces next (minillm.guided)
+    return verdict
+
+
+def _decide(seq: Sequence, logits: torch.Tensor, draft: Optional[Draft], rule: Callable, at: Callable) -> Verdict:
+    params, k = seq.params, len(draft) if draft else 0
     if k == 0:
         return Verdict(tokens=[sample(at(0), params, seq.generator)])
     if params.greedy:
@@ -103,8 +120,7 @@ def verify_row(seq: Sequence, logits: torch.Tensor, draft: Optional[Draft], rule
         return Verdict([draft.tokens[a] for a in path] + [nxt[last]], len(path), path, drafted, terms)
     if not draft.is_chain:
         raise ValueError(f"a draft tree is verified greedily: it needs temperature=0, got {params.temperature}")
-    p = torch.stack([probs_from_logits(at(j), params.temperature, params.top_k, params.top_p)
-                     for j in range(k + 1)])                                 # (k + 1, V)
+    p = torch.stack([sampling_probs(at(j), params) for j in range(k + 1)])   # (k + 1, V)
     n, tok = rule(p, draft.q, list(draft.tokens), seq.generator)
     m = min(n + 1, k)                                                        # slots examined
     q = draft.q
@@ -116,9 +132,12 @@ def verify(batch: ScheduledBatch, drafts: list, out, rule: Callable = verify_sam
     """One Verdict per row (empty for a partial prompt chunk or padding), then one per fork: a sample forked off a
     finished prefill draws its first token from its parent's logits with its own generator. An exception from one
     request's parameters (its logits processor, say) becomes that request's error; the others go on."""
-    verdicts = []
-    for row, draft, logits in zip(batch.rows, drafts, out.logits):
-        verdicts.append(_guarded(lambda: verify_row(row.seq, logits, draft, rule)) if row.completes else Verdict())
+    verdicts, prompt = [], getattr(out, "prompt_logits", None) or [None] * len(batch.rows)
+    for row, draft, logits, at_prompt in zip(batch.rows, drafts, out.logits, prompt):
+        v = _guarded(lambda: verify_row(row.seq, logits, draft, rule)) if row.completes else Verdict()
+        if at_prompt is not None and v.error is None:   # prompt_logprobs: (first position, logits (n, V))
+            v.prompt_logprobs = prompt_entries(row, *at_prompt)
+        verdicts.append(v)
     for i, child in batch.forks:
         verdicts.append(_guarded(lambda: verify_row(child, out.logits[i][:1], None)))
     return verdicts

@@ -4,6 +4,7 @@
              drafts   = proposer.propose(batch)          # k tokens per decode row (k = 0: plain decoding)
              out      = runner.run(batch, drafts)        # one forward; logits at each newest token and draft
              verdicts = verify(batch, drafts, out)       # k = 0: sampling; k > 0: the exact acceptance rule
+             beam_step(scheduler, batch, out, verdicts)  # beam search only: keep the best beams, fork, prune
              scheduler.update(batch, verdicts)           # append, stop checks, finish, free, roll back
              trace.after_update(...)                     # what the step did, as plain data
 
@@ -23,7 +24,10 @@ from contextlib import contextmanager
 from typing import Callable, Optional
 
 from ..core.batch import ScheduledBatch
+from ..core.beam import BeamGroup, BeamOptions, beam_step
 from ..core.detokenizer import Detokenizer
+from ..core.logprobs import check_logprobs
+from ..core.logprobs import record as record_logprobs
 from ..core.model_runner import ModelRunner
 from ..core.outputs import RequestOutput
 from ..core.request import Request
@@ -32,6 +36,7 @@ from ..core.scheduler import Scheduler
 from ..core.sequence import Sequence
 from ..core.trace import BlockSnapshot, Trace, block_snapshot
 from ..core.verify import verify
+from ..guided import attach as attach_guide
 from ..threads import auto_threads
 from .parts import Parts, prepare
 
@@ -53,6 +58,7 @@ class LLMEngine:
                            block_size=self.kv.block_size)
         self.requests: dict[str, Request] = {}
         self._seq_ids, self._req_ids = itertools.count(), itertools.count()
+        self.jump_forward = True      # structured output appends the tokens its pattern forces (minillm.guided)
 
     @classmethod
     def from_model(cls, model, tokenizer, config, clock: Optional[Callable[[], float]] = None, **seams) -> "LLMEngine":
@@ -62,13 +68,17 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def make_request(self, prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
-                     arrival_time: Optional[float] = None) -> Request:
-        """Validate a prompt (text, or token ids with BOS) and its parameters; queues nothing (see enqueue)."""
+                     arrival_time: Optional[float] = None, priority: int = 0, client=None) -> Request:
+        """Validate a prompt (text, or token ids with BOS) and its parameters; queues nothing (see enqueue).
+        priority: lower is served first (scheduling_policy "priority"); client: who sent it (str or int; "fair")."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         ids = self.validate(prompt)
         self.check_fits(len(ids), params)
+        self.check_scheduling(priority, client)
+        check_logprobs(params, self.model.config.vocab_size)
+        params = attach_guide(params, self.tokenizer, ids, self.config.max_model_len, self.jump_forward)  # guided_*
         if request_id is None:
             request_id = str(next(self._req_ids))
             while request_id in self.requests:  # never collide with an id the caller chose
@@ -79,7 +89,12 @@ class LLMEngine:
         now = self.clock() if arrival_time is None else arrival_time
         base_seed = params.seed if params.seed is not None else \
             (self.config.seed * 1_000_003 + zlib.crc32(request_id.encode())) & 0x7FFFFFFF  # stable across processes
-        seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, base_seed + i, now) for i in range(params.n)]
+        seqs = [Sequence(next(self._seq_ids), request_id, i, ids, params, base_seed + i, now)
+                for i in range(params.num_samples)]                  # best_of samples run; n are returned
+        if params.prompt_logprobs is not None:
+            seqs[0].prompt_logprobs = [None]                         # the sample that prefills scores the prompt
+        for s in seqs:
+            s.priority, s.client = int(priority), client
         return Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, now, seqs)
 
     def enqueue(self, request: Request) -> str:
@@ -87,12 +102,31 @@ class LLMEngine:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
         self.scheduler.add(request.seqs)
+        if request.beam is not None:
+            self.scheduler.groups[request.request_id] = request.beam
         return request.request_id
 
+    def make_beam_request(self, prompt, beam_width: int, max_tokens: int, *, length_penalty: float = 1.0,
+                          ignore_eos: bool = False, request_id: Optional[str] = None,
+                          arrival_time: Optional[float] = None) -> Request:
+        """A beam search request (minillm.core.beam): one request whose live beams are sequences sharing KV blocks.
+        Validated, the whole group's blocks included, before anything is queued (see enqueue)."""
+        options = BeamOptions.check(beam_width, max_tokens, length_penalty, ignore_eos)
+        if self.config.speculative is not None:
+            raise ValueError("beam_search scores every beam one token a step: it does not combine with speculative "
+                             f"decoding (this engine has speculative={self.config.speculative!r})")
+        request = self.make_request(prompt, options.params(), request_id, arrival_time)
+        options.check_fits(len(request.prompt_ids), num_blocks=self.block_manager.num_blocks,
+                           block_size=self.config.block_size, max_model_len=self.config.max_model_len,
+                           max_num_seqs=self.config.max_num_seqs, vocab_size=self.model.config.vocab_size,
+                           budget=self.scheduler.budget)
+        request.beam = BeamGroup(request, options, self.scheduler.stops, self._seq_ids)
+        return request
+
     def add_request(self, prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
-                    arrival_time: Optional[float] = None) -> str:
+                    arrival_time: Optional[float] = None, priority: int = 0, client=None) -> str:
         """prompt: text or a list of token ids (BOS included). Validated before anything is queued."""
-        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time))
+        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time, priority, client))
 
     def validate(self, prompt) -> list[int]:
         """Prompt -> token ids, or a ValueError naming what is wrong. Queues nothing."""
@@ -133,6 +167,18 @@ class LLMEngine:
                              f"{params.max_tokens}, block_size={bs}) but the whole pool has "
                              f"{self.block_manager.num_blocks}: lower max_tokens, or raise kv_cache_bytes")
 
+    def check_scheduling(self, priority, client):
+        """priority: an int, read only by an order that uses it (vLLM refuses a priority without priority
+        scheduling too: silently ignored, it would mislead); client: None, a str or an int naming who sent it."""
+        if isinstance(priority, bool) or not hasattr(priority, "__index__"):
+            raise ValueError(f"priority must be an integer (lower is served first), got {priority!r}")
+        order = self.scheduler.order
+        if priority != 0 and not getattr(order, "uses_priority", False):
+            raise ValueError(f"priority={priority} needs scheduling_policy='priority' (this engine's order is "
+                             f"{getattr(order, 'name', type(order).__name__)!r}, which would ignore it)")
+        if client is not None and (isinstance(client, bool) or not isinstance(client, (str, int))):
+            raise ValueError(f"client must be None, a str or an int naming who sent the request, got {client!r}")
+
     def abort(self, request_id: str):
         if str(request_id) not in self.requests:
             raise ValueError(f"abort: no request with id {request_id!r} (known: {sorted(self.requests)[:10]})")
@@ -140,6 +186,7 @@ class LLMEngine:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
                 self.proposer.rollback(seq, 0)
+        self.scheduler.groups.pop(str(request_id), None)      # a beam group: no more beam steps
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -158,7 +205,10 @@ class LLMEngine:
             self.runner.commit(batch, drafts, verdicts)                   # a kept tree path into consecutive slots
             self.proposer.observe(batch, drafts, verdicts, out)
         pending = self.trace.before_update(batch, self.scheduler)
+        if self.scheduler.groups:                                         # beam search: choose, fork, prune
+            pending["pruned"] = beam_step(self.scheduler, batch, out, verdicts)
         self.scheduler.update(batch, verdicts)                            # append, stop, finish, free, roll back
+        record_logprobs(batch, verdicts)                                  # logprobs of the tokens appended
         self.proposer.gc(*self.scheduler.live_ids())
         self.trace.after_update(batch, drafts, verdicts, pending, start, draft_s, run_s, self.clock())
         return [self.requests[rid].output() for rid in dict.fromkeys(s.request_id for s in batch.seqs)]

@@ -9,6 +9,7 @@ from dataclasses import fields
 from typing import Optional, Union
 
 from ..config import EngineConfig
+from ..core.beam import BeamSearchOutput
 from ..core.outputs import RequestOutput
 from ..core.sampling import SamplingParams
 from ..formats.loader import load
@@ -30,11 +31,12 @@ class LLM:
         self.engine = LLMEngine(prepare(self.model, self.tokenizer, self.config, **seams))
 
     def generate(self, prompts: Union[str, list], params: Optional[Union[SamplingParams, list]] = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, priority: Union[int, list] = 0, client=None) -> list[RequestOutput]:
         """Run prompts to completion; outputs come back in the order of the prompts.
         prompts: a string, a list of strings, or a list of token-id lists. Every prompt is validated before any
         is queued. If a step raises (an interrupt, a failing model), this call's requests are aborted, their
-        blocks freed, and the exception re-raised: the engine stays usable."""
+        blocks freed, and the exception re-raised: the engine stays usable.
+        priority, client: one value for every prompt, or one per prompt (scheduling_policy "priority", "fair")."""
         if isinstance(prompts, (str, bytes)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
@@ -45,7 +47,9 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         engine = self.engine
-        requests = [engine.make_request(p, sp) for p, sp in zip(prompts, plist)]   # all validated before any runs
+        prio, clients = _per_prompt("priority", priority, len(prompts)), _per_prompt("client", client, len(prompts))
+        requests = [engine.make_request(p, sp, priority=pr, client=c)                # all validated before any runs
+                    for p, sp, pr, c in zip(prompts, plist, prio, clients)]
         ids = [engine.enqueue(r) for r in requests]
         wanted, done = set(ids), {}
         bar = progress(len(ids), desc="generate", enabled=use_tqdm)
@@ -66,3 +70,48 @@ class LLM:
             engine.scheduler.expect_arrivals = True
             bar.close()
         return [done[i] for i in ids]
+
+    def beam_search(self, prompts: Union[str, list], beam_width: int, max_tokens: int, *, length_penalty: float = 1.0,
+                    ignore_eos: bool = False, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search (minillm.core.beam; vLLM's LLM.beam_search): per prompt, the beam_width best sequences, best
+        first by cum_logprob / length ** length_penalty (.sequences[i].tokens include the prompt, as vLLM's).
+        Deterministic: temperature, top-k/top-p and seeds do not apply. It runs in the one engine loop, beside
+        any other request, its beams sharing KV blocks (copy-on-write). Every prompt, and each group's worst case
+        of beam_width * blocks, is validated before any is queued."""
+        if isinstance(prompts, (str, bytes)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of strings or a list of token-id lists, "
+                             f"got {type(prompts).__name__}")
+        engine = self.engine
+        requests = [engine.make_beam_request(p, beam_width, max_tokens, length_penalty=length_penalty,
+                                             ignore_eos=ignore_eos) for p in prompts]   # all validated first
+        ids = [engine.enqueue(r) for r in requests]
+        wanted, done = set(ids), set()
+        bar = progress(len(ids), desc="beam_search", enabled=use_tqdm)
+        engine.scheduler.expect_arrivals = False
+        try:
+            while wanted - done:
+                engine.step()
+                for out in engine.pop_finished():
+                    done.add(out.request_id)
+                    bar.update(1)
+        except BaseException:                            # as generate: this call's requests aborted, blocks freed
+            for rid in wanted - done:
+                if rid in engine.requests:
+                    engine.abort(rid)
+                    engine.requests.pop(rid)
+            raise
+        finally:
+            engine.scheduler.expect_arrivals = True
+            bar.close()
+        return [r.beam.result() for r in requests]
+
+
+def _per_prompt(name: str, value, n: int) -> list:
+    """generate's priority= and client=: one value for every prompt, or a list or tuple of one per prompt."""
+    if not isinstance(value, (list, tuple)):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"{n} prompts but {len(value)} values of {name}= (give one, or one per prompt)")
+    return list(value)

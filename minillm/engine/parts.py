@@ -52,6 +52,7 @@ def check_combinations(config: EngineConfig, model=None):
     backend, choice = choose_backend(config, spec.method if spec else None, model)
     config = replace(config, backend=backend)
     check_backend(config, spec.method if spec else None)
+    check_order(config)
     if spec is None:
         return config, None, choice
     if config.batching != "continuous":
@@ -61,6 +62,20 @@ def check_combinations(config: EngineConfig, model=None):
         raise ValueError("speculative method 'medusa' reads the target's float hidden states; it does not combine "
                          f"with quantization={config.quantization!r}")
     return config, spec, choice
+
+
+def check_order(config: EngineConfig):
+    """scheduling_policy is an order inside a batching policy (minillm.core.orders): a preemptive one needs a batch
+    that can change every step, and lpm ranks by the prefix cache, so it needs one."""
+    from ..core.orders import ORDERS
+    order = ORDERS[config.scheduling_policy]
+    if config.batching != "continuous" and order.preemptive:
+        raise ValueError(f"scheduling_policy={config.scheduling_policy!r} preempts running requests for waiting "
+                         f"ones, which a {config.batching} batch never does (it runs to its end): use "
+                         f"batching='continuous', or scheduling_policy 'fcfs', 'fair' or 'lpm'")
+    if config.scheduling_policy == "lpm" and not config.enable_prefix_caching:
+        raise ValueError("scheduling_policy='lpm' ranks waiting requests by their prefix in the cache: it needs "
+                         "enable_prefix_caching=True")
 
 
 def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[SchedulingPolicy] = None,
@@ -85,8 +100,9 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
                                          enable_prefix_caching=config.enable_prefix_caching, swap_blocks=swap_blocks)
     if proposer is None:
         proposer = _proposer(spec, model, tokenizer, config, kv) if spec else Proposer()
+    policy = policy or make_policy(config, kv.num_blocks * config.block_size)   # lpm's tree: the pool's tokens
     return Parts(config, model, tokenizer, forward, kv, SwapSpace(kv, swap_blocks) if swap_blocks else None, bm,
-                 policy or make_policy(config), proposer, verify or verify_sampled, quant_report, choice)
+                 policy, proposer, verify or verify_sampled, quant_report, choice)
 
 
 def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Proposer:

@@ -17,6 +17,8 @@ from .nb06_paged_attention import *  # noqa: F401,F403
 from .nb07_quantization import *  # noqa: F401,F403
 from .nb08_speculative import *  # noqa: F401,F403
 from .nb09_training import *  # noqa: F401,F403
+from .nb10_decoding import *  # noqa: F401,F403
+from .nb11_scheduling import *  # noqa: F401,F403
 
 globals().update(CHECKERS)          # every check_* by name: from minillm.labs import check_rope
 __all__ = ["CHECKERS", "ExerciseResult", "checker", *CHECKERS]

@@ -16,7 +16,7 @@ from ..core.batch import Draft, ScheduledBatch
 from ..core.block_manager import BlockManager
 from ..core.model_runner import ModelRunner
 from ..core.proposer import Proposer, draft_len
-from ..core.sampling import probs_from_logits
+from ..core.sampling import sampling_probs
 from ..core.sequence import Sequence
 from ..llama.kv_cache import KVCache
 
@@ -67,7 +67,7 @@ class DraftProposer(Proposer):
                 if p.greedy:
                     x = int(torch.argmax(row[0]))
                 else:
-                    q = probs_from_logits(row[0], p.temperature, p.top_k, p.top_p)    # (V,)
+                    q = sampling_probs(row[0], p)                                      # (V,) min_p too
                     x = int(torch.multinomial(q, 1, generator=s.generator))
                     qs[b].append(q)
                 sh.num_computed = len(sh)

@@ -1,0 +1,250 @@
+"""Per-DFA-state token masks over a tokenizer's vocabulary, precomputed (Outlines' index: Willard & Louf 2023).
+
+A token is allowed in DFA state s if its bytes walk from s to a live state s' from which an accepting state can
+still be reached; the end token (EOS) only where s accepts. Every state's row is computed at once, one byte
+position at a time over all tokens (numpy gathers over a (S, V) table), so a mask at decode time is a lookup:
+
+    next     (S + 1, V) int32   the state after each token, -1 if the token is not allowed
+    allowed  (S + 1, V) bool    allowed tokens (EOS included where s accepts), a torch tensor
+    dist     (S + 1,)           the fewest TOKENS from each state to an accepting one (backward BFS over `next`)
+The engine adds bias(s) = 0 / -inf (a (V,) float32, built once per visited state and need level) to a row's logits.
+
+Length-aware masks: with L tokens left a token t is allowed only if 1 + dist[next[s, t]] <= L, so the output
+can always still complete within max_tokens (precomputed max_need[s] says when the static mask already is;
+below it the mask is computed for that step).
+Row S is a virtual start state for a request whose prompt ends in BOS: llama2.c's decoder drops a token's
+leading space right after BOS (Tokenizer.piece_bytes), so the first token's bytes differ there.
+
+The token -> bytes map is the detokenizer's own (minillm.core.detokenizer appends piece_bytes for each output
+token and decodes the whole buffer as UTF-8), so the returned text is exactly the bytes the DFA walked:
+byte tokens <0xXX> are one byte, <unk> / BOS / EOS are not text, and a token with no bytes (<0x00>: run.c prints
+C strings) is never allowed (it would let a sample spin without moving the DFA).
+"""
+from __future__ import annotations
+
+import json
+import weakref
+from collections import OrderedDict, deque
+
+import numpy as np
+import torch
+
+from ..llama.tokenizer import BOS, EOS, UNK, Tokenizer
+from .fsm import DFA, compile_dfa
+from .regex import RegexError
+
+UNREACHABLE = np.iinfo(np.int32).max
+MAX_BIASES = 2048         # (V,) float32 biases cached per index: 32 MiB at V = 4096
+_VOCABS: "weakref.WeakKeyDictionary[Tokenizer, Vocab]" = weakref.WeakKeyDictionary()
+
+
+class Vocab:
+    """A llama2.c tokenizer's tokens as bytes, exactly as the engine's detokenizer turns them into text."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        if not isinstance(tokenizer, Tokenizer):
+            raise ValueError(f"structured output (guided_regex / guided_json / guided_choice) needs a llama2.c "
+                             f"tokenizer, whose tokens' bytes it knows; got {type(tokenizer).__name__}")
+        self.tokenizer = tokenizer
+        V = tokenizer.vocab_size
+        self.eos = EOS
+        self.bytes = [tokenizer.piece_bytes(UNK, t) for t in range(V)]          # after any token but BOS
+        self.bytes_after_bos = [tokenizer.piece_bytes(BOS, t) for t in range(V)]
+        self.text = np.array([t not in (UNK, BOS, EOS) and len(b) > 0 for t, b in enumerate(self.bytes)])  # (V,)
+        self.indexes: OrderedDict = OrderedDict()                                # compiled constraints, LRU
+
+    @property
+    def size(self) -> int:
+        return len(self.bytes)
+
+    def matrix(self, after_bos: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(V, L) uint8 token bytes, zero-padded, and (V,) lengths."""
+        src = self.bytes_after_bos if after_bos else self.bytes
+        lengths = np.array([len(b) for b in src])
+        out = np.zeros((len(src), max(1, lengths.max())), dtype=np.uint8)
+        for t, b in enumerate(src):
+            out[t, :len(b)] = np.frombuffer(b, dtype=np.uint8)
+        return out, lengths
+
+    def encode_bytes(self, data: bytes) -> list[int]:
+        """The tokenizer's own tokens for data, without BOS or the dummy-prefix space (run.c's merges)."""
+        tok = self.tokenizer
+        return tok._merge(tok._initial_tokens(data))
+
+
+def vocab_of(tokenizer) -> Vocab:
+    """One Vocab per tokenizer object, kept as long as the tokenizer lives."""
+    v = _VOCABS.get(tokenizer) if isinstance(tokenizer, Tokenizer) else None
+    if v is None:
+        v = Vocab(tokenizer)
+        _VOCABS[tokenizer] = v
+    return v
+
+
+def walk_tokens(trans: np.ndarray, states: np.ndarray, tok_bytes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Every token's bytes from every given state: -> (len(states), V) end states, -1 where the walk dies."""
+    S = trans.shape[0]
+    sink = np.vstack([np.where(trans >= 0, trans, S), np.full((1, 256), S, dtype=trans.dtype)])  # (S + 1, 256)
+    cur = np.repeat(states.astype(np.int32)[:, None], len(lengths), axis=1)    # (n, V)
+    for j in range(tok_bytes.shape[1]):
+        cols = np.flatnonzero(lengths > j)                                    # tokens at least j + 1 bytes long
+        cur[:, cols] = sink[cur[:, cols], tok_bytes[cols, j]]
+    return np.where(cur == S, -1, cur).astype(np.int32)
+
+
+class TokenIndex:
+    """A compiled constraint: its DFA and every state's token mask over one vocabulary (see the module docstring).
+    States 0 .. S - 1 are the DFA's; S is the start state as seen right after BOS."""
+
+    def __init__(self, dfa: DFA, vocab: Vocab, source: str = "regex"):
+        self.dfa, self.vocab, self.source = dfa, vocab, source
+        S, V = dfa.num_states, vocab.size
+        self.num_states, self.start, self.start_after_bos = S, dfa.start, S
+        self.accepting = np.append(dfa.accepting, dfa.accepting[dfa.start])       # (S + 1,)
+        nxt = np.empty((S + 1, V), dtype=np.int32)
+        tb, lens = vocab.matrix()
+        for lo in range(0, S, 256):                                              # chunks bound the temporaries
+            nxt[lo:min(S, lo + 256)] = walk_tokens(dfa.trans, np.arange(lo, min(S, lo + 256)), tb, lens)
+        tb, lens = vocab.matrix(after_bos=True)
+        nxt[S] = np.where(lens > 0, walk_tokens(dfa.trans, np.array([dfa.start]), tb, lens)[0], -1)
+        nxt[:, ~vocab.text] = -1
+        self.dist = self._distances(nxt)
+        self._dist_of = np.append(self.dist, UNREACHABLE)                         # index -1: unreachable
+        self.max_need = np.zeros(S + 1, dtype=np.int64)                           # (S + 1,) see tokens_needed
+        for lo in range(0, S + 1, 256):
+            rows = nxt[lo:lo + 256]
+            rows[self._dist_of[rows] >= UNREACHABLE] = -1                         # tokens into dead ends
+            self.max_need[lo:lo + 256] = np.where(rows >= 0, 1 + self._dist_of[rows], 0).max(1)
+        self.next = nxt
+        allowed = nxt >= 0
+        allowed[:, vocab.eos] = self.accepting
+        self.allowed = torch.from_numpy(allowed)                                  # (S + 1, V) bool
+        self._bias: dict[tuple, torch.Tensor] = {}                                # (state, level) -> (V,) float32
+        self._levels: dict[int, np.ndarray] = {}                                  # state -> its distinct needs
+        self._forced: dict[int, list] = {}
+
+    def _distances(self, nxt: np.ndarray) -> np.ndarray:
+        """(S + 1,) fewest tokens to an accepting state: BFS backwards over the distinct (s -> s') token edges."""
+        n = nxt.shape[0]
+        preds = [[] for _ in range(n)]
+        for s in range(n):
+            for t in np.unique(nxt[s][nxt[s] >= 0]):
+                preds[t].append(s)
+        dist = np.where(self.accepting, 0, UNREACHABLE).astype(np.int64)
+        queue = deque(np.flatnonzero(self.accepting).tolist())
+        while queue:
+            t = queue.popleft()
+            for s in preds[t]:
+                if dist[s] > dist[t] + 1:
+                    dist[s] = dist[t] + 1
+                    queue.append(s)
+        return dist
+
+    # ------------------------------------------------------------------ per step
+    def next_state(self, state: int, token: int) -> int:
+        """The state after token (-1: not allowed; EOS leaves the state as it is)."""
+        if state < 0:
+            return -1
+        if token == self.vocab.eos:
+            return state if self.accepting[state] else -1
+        return int(self.next[state, token])
+
+    def walk(self, state: int, tokens) -> int:
+        for t in tokens:
+            state = self.next_state(state, t)
+        return state
+
+    def is_accepting(self, state: int) -> bool:
+        return state >= 0 and bool(self.accepting[state])
+
+    def tokens_needed(self, state: int) -> np.ndarray:
+        """(V,) for each token allowed in state, 1 + the fewest tokens after it to a complete match; 0 if not allowed.
+        max_need[state] is its maximum: with at least that many tokens left, the static mask is length-aware too."""
+        row = self.next[state]
+        return np.where(row >= 0, 1 + self._dist_of[row], 0)
+
+    def mask(self, state: int, tokens_left: int | None = None) -> torch.Tensor:
+        """(V,) bool: the tokens allowed in state with tokens_left left (None: no limit)."""
+        if tokens_left is None or tokens_left >= self.max_need[state]:
+            return self.allowed[state]
+        need = self.tokens_needed(state)
+        ok = (need > 0) & (need <= tokens_left)                                  # (V,)
+        ok[self.vocab.eos] = self.accepting[state] and tokens_left >= 1
+        return torch.from_numpy(ok)
+
+    def bias(self, state: int, tokens_left: int | None = None) -> torch.Tensor:
+        """(V,) float32: 0 where mask(state, tokens_left) allows, -inf elsewhere: what the engine adds to a row's
+        logits (an add is about twice as fast as masked_fill on CPU). Built once per state and per level: a
+        length-aware mask changes only where tokens_left crosses one of the state's few distinct need values."""
+        level = None
+        if tokens_left is not None and tokens_left < self.max_need[state]:
+            levels = self._levels.get(state)
+            if levels is None:
+                levels = self._levels[state] = np.unique(self.tokens_needed(state))     # sorted, 0 first
+            level = max(1, int(levels[np.searchsorted(levels, tokens_left, side="right") - 1]))  # a call has >= 1 left
+        b = self._bias.get((state, level))
+        if b is None:
+            if len(self._bias) >= MAX_BIASES:                                   # bounded: start the cache over
+                self._bias.clear()
+            b = torch.zeros(self.vocab.size).masked_fill(~self.mask(state, level), float("-inf"))   # (V,)
+            self._bias[(state, level)] = b
+        return b
+
+    @property
+    def nbytes(self) -> int:
+        return self.next.nbytes + self.allowed.numel() + sum(b.numel() * 4 for b in self._bias.values())
+
+    def min_tokens(self, after_bos: bool = False) -> int:
+        """The fewest tokens of a complete match (from the start state)."""
+        return int(self.dist[self.start_after_bos if after_bos else self.start])
+
+    def forced_tokens(self, state: int) -> list[int]:
+        """Jump-forward (SGLang, Zheng et al. 2024): the bytes the DFA forces from state, as the tokenizer's own
+        tokens (cached per state). The caller checks each against the tokens left."""
+        if state not in self._forced:
+            data = self.dfa.forced(state) if 0 <= state < self.num_states else b""
+            self._forced[state] = self.vocab.encode_bytes(data) if data else []
+        return self._forced[state]
+
+
+# ---------------------------------------------------------------------------- compiling, cached per vocabulary
+MAX_CACHED, MAX_CACHED_BYTES = 16, 256 * 2**20   # compiled constraints kept per vocabulary (a request holds its own)
+
+
+def _cached(tokenizer, key: tuple, build) -> TokenIndex:
+    vocab = vocab_of(tokenizer)
+    index = vocab.indexes.get(key)
+    if index is None:
+        index = TokenIndex(build(), vocab, key[0])
+        vocab.indexes[key] = index
+        while len(vocab.indexes) > 1 and (len(vocab.indexes) > MAX_CACHED or
+                                          sum(ix.nbytes for ix in vocab.indexes.values()) > MAX_CACHED_BYTES):
+            vocab.indexes.popitem(last=False)                                   # least recently used first
+    vocab.indexes.move_to_end(key)
+    return index
+
+
+def compile_regex(pattern: str, tokenizer, minimize: bool = True) -> TokenIndex:
+    """guided_regex: the pattern's DFA and its token masks over tokenizer's vocabulary."""
+    return _cached(tokenizer, ("regex", pattern, minimize), lambda: compile_dfa(pattern, minimize))
+
+
+def compile_json(schema, tokenizer) -> TokenIndex:
+    """guided_json: a JSON schema (dict or JSON text) through schema_to_regex, then as a regex."""
+    from .json_schema import schema_to_regex
+    pattern = schema_to_regex(schema)
+    return _cached(tokenizer, ("json", pattern), lambda: _as_json(pattern))
+
+
+def compile_choice(choices: list, tokenizer) -> TokenIndex:
+    """guided_choice: exactly one of the strings."""
+    from .regex import Alt, literal
+    return _cached(tokenizer, ("choice", json.dumps(list(choices))),
+                   lambda: compile_dfa(Alt(tuple(literal(c) for c in choices))))
+
+
+def _as_json(pattern: str) -> DFA:
+    try:
+        return compile_dfa(pattern)
+    except RegexError as e:
+        raise RegexError(str(e).replace("guided_regex", "guided_json (as a regex)", 1)) from None
