@@ -2,7 +2,7 @@
 
     kernels, config, paths, progress, threads the ground: numba kernels, plain configuration, thread counts
     llama                                     the model and its numerics
-    formats                                   files in and out
+    formats, guided                           files in and out; structured output's automata over the tokenizer
     core                                      the engine's mechanisms and its seams
     spec_decode, quantization, backends       plug into the core's seams; independent of each other
     engine                                    parts prepared in one place, LLMEngine, LLM
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 LAYERS = {"kernels": 0, "config": 0, "paths": 0, "progress": 0, "threads": 0, "_moved": 0, "_checkout": 0,
-          "llama": 1, "formats": 2,
+          "llama": 1, "formats": 2, "guided": 2,
           "core": 3,
           "spec_decode": 4, "quantization": 4, "backends": 4, "engine": 5, "bench": 6, "training": 6, "labs": 6,
           "viz": 7, "__main__": 8, "__init__": 8}
