@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import deque
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
@@ -66,8 +65,9 @@ def draw_beam_tree(steps, labels=None, best=None, title: str = ""):
     by_depth: dict = {}
     for prefix in rank:
         by_depth.setdefault(len(prefix), []).append(prefix)
-    for d, prefixes in by_depth.items():
-        prefixes.sort(key=lambda p: rank[p])
+    for d in sorted(by_depth):                                   # children under their parents: few crossings
+        prefixes = by_depth[d]
+        prefixes.sort(key=lambda p: (-nodes[p[:-1]][1], rank[p]))
         for i, p in enumerate(prefixes):
             nodes[p] = (d, -(i - (len(prefixes) - 1) / 2))
     last = {tuple(b) for b in steps[-1]} if steps else set()
@@ -105,11 +105,19 @@ def draw_beam_tree(steps, labels=None, best=None, title: str = ""):
 
 
 # ---------------------------------------------------------------------------- a regex's DFA
-def byte_label(ranges) -> str:
-    """[(lo, hi), ...] byte ranges as a short label: 'a-z', ' ', '.', '0x80-0xBF'."""
+def _chars(ranges) -> str:
     def one(b):
         return "␣" if b == 32 else chr(b) if 33 <= b < 127 else f"0x{b:02X}"
     return ",".join(one(lo) if lo == hi else f"{one(lo)}-{one(hi)}" for lo, hi in ranges)
+
+
+def _quoted(label: str) -> str:
+    return f"'{label}'" if len(label) == 1 and not label.isalnum() and label != "␣" else label   # '.' stays visible
+
+
+def byte_label(ranges) -> str:
+    """[(lo, hi), ...] byte ranges as a short label: 'a-z', '␣' (a space), "'.'", '0x80-0xBF'."""
+    return _quoted(_chars(ranges))
 
 
 def _chains(num_states: int, edges, accepting, start: int = 0):
@@ -128,18 +136,18 @@ def _chains(num_states: int, edges, accepting, start: int = 0):
         if passthrough(a):
             continue
         for b, r in out_e[a]:
-            label = byte_label(r)
+            label = _chars(r)
             while passthrough(b):
                 nb, nr = out_e[b][0]
-                label += byte_label(nr)
+                label += _chars(nr)
                 b = nb
-            merged.append((a, b, label))
+            merged.append((a, b, _quoted(label)))
     return merged
 
 
 def draw_dfa(num_states: int, edges, accepting, start: int = 0, merge_chains: bool = True, title: str = ""):
     """A DFA over bytes (minillm.guided: dfa.edges() -> [(from, to, [(byte lo, byte hi), ...])], dfa.accepting):
-    states left to right by their distance from the start, the start with an arrow in, accepting states with a
+    states left to right by their distance from the start, the start with an arrow in, accepting states filled with a
     double ring, each edge labelled with its bytes (␣ is a space). merge_chains draws a run of states that each have
     one way in and one byte out as one edge labelled with the bytes it spells (their states are not drawn)."""
     accepting = [bool(a) for a in accepting]
@@ -156,35 +164,44 @@ def draw_dfa(num_states: int, edges, accepting, start: int = 0, merge_chains: bo
     cols: dict = {}
     for s in keep:
         cols.setdefault(depth.get(s, 0), []).append(s)
-    pos = {s: (d, -(i - (len(c) - 1) / 2) * 1.2) for d, c in cols.items() for i, s in enumerate(c)}
+    pos = {s: (d, -(i - (len(c) - 1) / 2) * 1.1) for d, c in cols.items() for i, s in enumerate(c)}
     width = max(cols) + 1 if cols else 1
     tall = max(len(c) for c in cols.values()) if cols else 1
-    fig, axes = new_figure(width=min(14, 1.6 + 1.7 * width), height=min(6, 1.8 + 0.9 * tall))
+    fig, axes = new_figure(width=min(14, 1.6 + 1.5 * width), height=min(6, 1.9 + 1.0 * tall))
     ax = axes[0, 0]
+    size = 22                                                    # a state's marker, in points
+    pairs: dict = {}
     for a, b, label in merged:
+        pairs.setdefault((a, b), []).append(label)
+    for (a, b), labels in pairs.items():
         (xa, ya), (xb, yb) = pos[a], pos[b]
-        if a == b:                                               # a self-loop: a small ring above the state
-            ax.add_patch(plt.Circle((xa, ya + 0.33), 0.17, fill=False, color="#555555", lw=0.9))
-            ax.text(xa, ya + 0.58, label, ha="center", va="bottom", fontsize=7.5, color="#B05A00")
+        if a == b:                                               # a self-loop: an arc over the state
+            ax.annotate("", xy=(xa + 0.06, ya + 0.08), xytext=(xa - 0.06, ya + 0.08), zorder=1,
+                        arrowprops=dict(arrowstyle="-|>", color="#555555", lw=0.9, shrinkA=0, shrinkB=0,
+                                        connectionstyle="arc3,rad=-2.6"))
+            ax.text(xa, ya + 0.34, " | ".join(labels), ha="center", va="bottom", fontsize=8, color="#B05A00")
             continue
-        bend = 0.0 if xb > xa and ya == yb else 0.25
-        ax.annotate("", xy=(xb, yb), xytext=(xa, ya),
-                    arrowprops=dict(arrowstyle="-|>", color="#555555", lw=0.9, shrinkA=11, shrinkB=11,
-                                    connectionstyle=f"arc3,rad={bend}"))
-        ax.text((xa + xb) / 2, (ya + yb) / 2 + 0.1 + (0.15 if bend else 0), label, ha="center", va="bottom",
-                fontsize=7.5, color="#B05A00")
+        straight = ya == yb and xb == xa + 1 and (b, a) not in pairs
+        for k, label in enumerate(labels):                        # parallel edges bend apart
+            rad = (0.0 if straight else 0.25) + 0.35 * (k - (len(labels) - 1) / 2)
+            ax.annotate("", xy=(xb, yb), xytext=(xa, ya), zorder=1,
+                        arrowprops=dict(arrowstyle="-|>", color="#555555", lw=0.9, shrinkA=size / 2 + 1,
+                                        shrinkB=size / 2 + 1, connectionstyle=f"arc3,rad={rad}"))
+            mx, my = (xa + xb) / 2 + 0.5 * rad * (yb - ya), (ya + yb) / 2 - 0.5 * rad * (xb - xa)   # the arc's middle
+            ax.text(mx, my, label, ha="center", va="center", fontsize=10 if len(label) <= 3 else 8, color="#B05A00",
+                    fontweight="bold" if len(label) <= 3 else "normal", zorder=2,
+                    bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none"))
     for s, (x, y) in pos.items():
-        ax.add_patch(plt.Circle((x, y), 0.2, fc="#F6C28B" if accepting[s] else "white", ec="#333333", lw=1.0,
-                                zorder=3))
+        ax.plot([x], [y], "o", ms=size, mfc="#F6C28B" if accepting[s] else "white", mec="#333333", zorder=3)
         if accepting[s]:
-            ax.add_patch(plt.Circle((x, y), 0.15, fill=False, ec="#333333", lw=0.8, zorder=4))
+            ax.plot([x], [y], "o", ms=size - 6, mfc="none", mec="#333333", zorder=4)
         ax.text(x, y, str(s), ha="center", va="center", fontsize=7, zorder=5)
     sx, sy = pos[start]
-    ax.annotate("start", xy=(sx - 0.2, sy), xytext=(sx - 0.8, sy), fontsize=7.5, va="center", ha="center",
-                arrowprops=dict(arrowstyle="-|>", color="#333333", lw=0.9))
+    ax.annotate("start", xy=(sx, sy), xytext=(sx - 0.75, sy), fontsize=7.5, va="center", ha="center",
+                arrowprops=dict(arrowstyle="-|>", color="#333333", lw=0.9, shrinkB=size / 2 + 1))
     ys = [y for _, y in pos.values()]
     ax.set_xlim(-1.1, width - 0.4)
-    ax.set_ylim(min(ys) - 0.7, max(ys) + 0.9)
+    ax.set_ylim(min(ys) - 0.7, max(ys) + 0.8)
     ax.set_aspect("equal")
     ax.axis("off")
     shown = len(keep)
@@ -215,9 +232,9 @@ def plot_masks_per_step(allowed, chosen, vocab_size: int, forced=None, title: st
     ax.set(ylabel="legal tokens (log scale)", xlabel="token emitted at each step")
     if any(forced):
         from matplotlib.patches import Patch
-        ax.legend(handles=[Patch(color=KEPT, label="several continuations"),
-                           Patch(color="#DD8452", label="one byte string forced (jump-forward)")],
-                  fontsize=7, frameon=False, loc="lower left")
+        ax.legend(handles=[Patch(color=KEPT, label="the pattern allows several next bytes"),
+                           Patch(color="#DD8452", label="the next byte(s) forced: jump-forward would append them")],
+                  fontsize=7, frameon=False, loc="upper left")
     ax.set_title(title or "Legal tokens at each step of a constrained generation", fontsize=9.5)
     return finish(fig)
 
@@ -227,7 +244,7 @@ def plot_mask_cost(rows: dict, title: str = ""):
     names = list(rows)
     step = np.array([rows[n][0] for n in names], dtype=float)
     mask = np.array([rows[n][1] or 0.0 for n in names], dtype=float)
-    fig, axes = new_figure(width=7, height=0.6 * len(names) + 1.3)
+    fig, axes = new_figure(width=7, height=0.6 * len(names) + 1.7)
     ax = axes[0, 0]
     y = np.arange(len(names))[::-1]
     ax.barh(y, step - mask, color=KEPT, label="model forward and the rest of the step")
@@ -238,6 +255,6 @@ def plot_mask_cost(rows: dict, title: str = ""):
     ax.set_yticklabels(names, fontsize=8)
     ax.set_xlim(0, step.max() * 1.25)
     ax.set_xlabel("median decode step (ms)")
-    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
     ax.set_title(title or "What a constraint costs per step", fontsize=9.5)
     return finish(fig)
