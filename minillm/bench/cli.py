@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     sc.add_argument("--max-num-seqs", type=int, default=2, help="small, so that long requests can hold every seat")
     sc.add_argument("--seeds", type=int, default=3, help="traces the headline JCT ratios are repeated on")
     sc.add_argument("--no-real", action="store_true", help="skip the wall-clock runs")
-    sc.add_argument("--quick", action="store_true", help="48 requests, 16 on the wall clock: a smoke test")
+    sc.add_argument("--quick", action="store_true", help="32 requests, 8 on the wall clock, one trace: a smoke test")
     sc.add_argument("--json", default=None)
     b = sub.add_parser("batched", help="batched decode tok/s and FLOP/s, beside llama2.c's run.c (--runc)")
     b.add_argument("--model", required=True)

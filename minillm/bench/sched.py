@@ -142,7 +142,7 @@ def bench_sched(model: str = "shakespeare", tokenizer=None, n: int = 300, utilis
     slo = {"ttft_s": 25 * step, "tpot_s": 3 * step, "definition": "TTFT <= 25 and TPOT <= 3 full-batch decode steps"}
 
     # 1. one heavy-tailed trace at the utilisation, every order
-    n_main = 48 if quick else n
+    n_main = 32 if quick else n
     base = main_trace(n_main, V, L, seed)
     capacity = capacity_rps(base, cost, max_num_seqs)
     trace = at_rate(base, utilisation * capacity)
@@ -166,7 +166,7 @@ def bench_sched(model: str = "shakespeare", tokenizer=None, n: int = 300, utilis
     # 2. fairness: client A floods (3x B's requests; together 3x what the engine serves, so B alone asks for more
     # than half of it and both stay backlogged: a fair order splits the service evenly), lighter-tailed lengths
     # (VTC orders admissions; it does not preempt, so a heavy tail would hand whole seats to whoever got them first)
-    n_fair = 48 if quick else 160
+    n_fair = 32 if quick else 160
     fair_a = heavy_tailed(n_fair * 3 // 4, V, 1.0, alpha=1.5, output_hi=64, max_len=L, client="A", seed=seed + 2)
     fair_b = heavy_tailed(n_fair // 4, V, 1.0 / 3, alpha=1.5, output_hi=64, max_len=L, client="B", seed=seed + 3)
     flood = merge(fair_a, fair_b)
@@ -180,7 +180,7 @@ def bench_sched(model: str = "shakespeare", tokenizer=None, n: int = 300, utilis
                                                  for c in ("A", "B")}}
 
     # 3. multi-turn chats: a pool holding a few conversations' context, fcfs against lpm; then the two structures
-    chats = multi_turn_chat(8 if quick else 48, 4, V, rate=40.0, think_s=0.3, max_len=L, seed=seed)
+    chats = multi_turn_chat(6 if quick else 48, 4, V, rate=40.0, think_s=0.3, max_len=L, seed=seed)
     pool_tokens = 1024
     cache = dict(common, max_num_seqs=8, enable_prefix_caching=True, kv_cache_bytes=pool_tokens * per_token)
     prompt_tokens = sum(len(r.prompt_ids) for r in chats)
@@ -194,7 +194,7 @@ def bench_sched(model: str = "shakespeare", tokenizer=None, n: int = 300, utilis
     # 4. for real: the model itself on the wall clock, the same arrival rate
     real_runs = {}
     if real:
-        trace_real = trace[:16] if quick else trace
+        trace_real = trace[:8] if quick else trace
         for name in ("fcfs", "mlfq") if quick else ("fcfs", "sjf", "mlfq"):
             _, _, outs = replay(net, tok, trace_real, name, return_engine=True, scheduling_policy=name, **common)
             real_runs[name] = sched_metrics(outs, trace_real, slo["ttft_s"], slo["tpot_s"])

@@ -3,16 +3,18 @@ preempted, and in which order the running ones get a step's token budget.
 
 A batching policy (minillm.core.policies: continuous, chunked, static, dynamic) decides how a step is built; it asks
 its order who comes first. So "fcfs" with continuous batching is exactly the engine as it was, and every order
-works with continuous and chunked batching. An order changes WHEN a request runs, never WHAT it computes: each
-sequence keeps its own generator, so a request's tokens are the same under every order.
+works with continuous and chunked batching (static and dynamic batches never preempt: with them, only fcfs, fair
+and lpm; minillm.engine.parts.check_order refuses the rest). An order changes WHEN a request runs, never WHAT it
+computes: each sequence keeps its own generator, so a request's tokens are the same under every order.
 
     fcfs      first come, first served (vLLM's default): the waiting queue in arrival order, a preempted
               sequence first; the newest running sequence is preempted when blocks run out.
     sjf       shortest job first by tokens left to compute (prompt + max_tokens at arrival: the oracle when output
               lengths are known, as with ignore_eos); preemptive, so it is shortest-remaining-first (SRPT), the
               bound on mean job completion time that MLFQ tries to reach without knowing lengths.
-    priority  SamplingParams-independent `priority=` per request, lower first (vLLM's priority scheduling), ties
-              by arrival; a waiting request preempts a lower-priority running one when it cannot otherwise fit.
+    priority  `priority=` per request (add_request's and generate's argument), lower first (vLLM's priority
+              scheduling), ties by arrival; a waiting request preempts a lower-priority running one when it cannot
+              otherwise fit.
     mlfq      FastServe's skip-join multi-level feedback queue (Wu et al. 2023): a request joins the highest
               queue whose quantum covers its prompt (skip-join), is demoted to the next queue each time it has
               been served its level's quantum of tokens (quantum * 2**level), and a higher queue preempts a lower
@@ -144,8 +146,11 @@ class Priority(Order):
 
 class MLFQ(Order):
     """levels queues; level i's quantum is quantum * 2**i output tokens (the last level's is unbounded).
-    prompt_weight: what one prompt token costs in units of one decode token, to pick the first queue (skip-join:
-    the highest queue whose quantum covers the prompt's cost; on a CPU about 1/16, see StepCost)."""
+    prompt_weight: one prompt token's cost in decode steps, to pick the first queue (skip-join: the highest queue
+    whose quantum covers the prompt's cost, as FastServe compares the first iteration's time with the quanta). The
+    default, 1/16, is GPU-like (a prefill token is far cheaper than a decode step); on a CPU with a small batch it is
+    nearer 1 / max_num_seqs (StepCost.token_s / StepCost.seconds(B, B)). starve_steps: steps without running after
+    which a waiting request is promoted to the top queue."""
     name = "mlfq"
     preemptive = True
 
