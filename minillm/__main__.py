@@ -1,4 +1,4 @@
-"""python -m minillm {generate, run, bench, train, ship, student, grade}"""
+"""python -m minillm {generate, run, bench, train, ship, student, grade, export, serve}"""
 from __future__ import annotations
 
 import argparse
@@ -68,14 +68,67 @@ def generate_main(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = ("generate", "run", "bench", "train", "ship", "student", "grade")
+def export_main(argv: list[str]) -> int:
+    """`export --hf DIR`: a model (quantized first if asked) as a Hugging Face Llama directory (formats/hf_export)."""
+    import json
+    import warnings
+
+    from .formats.hf_export import check_dir, export_hf
+    from .formats.loader import load
+    from .quantization.quantize import quantize_model
+
+    ap = argparse.ArgumentParser(prog="python -m minillm export")
+    ap.add_argument("--hf", required=True, metavar="DIR", help="the directory to write (transformers, vLLM load it)")
+    ap.add_argument("--model", default="shakespeare", help="registered name, a .bin file or a HF directory")
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--quantization", default=None, help="quantize first (exported dequantized, and said so)")
+    ap.add_argument("--quant-config", type=json.loads, default=None, metavar="JSON")
+    ap.add_argument("--force", action="store_true", help="write into a directory that is not empty")
+    a = ap.parse_args(argv)
+    check_dir(a.hf, a.force)                       # a non-empty directory fails now, before the model loads
+    model, tok = load(a.model, a.tokenizer)
+    if a.quantization:
+        model, _ = quantize_model(model, a.quantization, a.quant_config, tok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # the report below says the same, once
+        report = export_hf(model, a.hf, tok, force=a.force)
+    print(f"wrote {report.path}: {', '.join(report.files)} ({report.dtype})")
+    for note in report.notes:
+        print("note: " + note)
+    return 0
+
+
+def serve_main(argv: list[str]) -> int:
+    """`serve --model M`: the OpenAI-compatible server (minillm.serve), engine options as in generate."""
+    from dataclasses import fields
+
+    from .config import EngineConfig
+    from .engine.llm import LLM
+    from .serve.server import bind, serve
+
+    ap = argparse.ArgumentParser(prog="python -m minillm serve")
+    ap.add_argument("--model", required=True, help="registered name, random:<preset>, a .bin file or a HF directory")
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
+    engine_flags(ap.add_argument_group("engine (EngineConfig)"))
+    a = ap.parse_args(argv)
+    sock = bind(a.host, a.port)                    # a port in use fails now, before the model loads
+    options = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if f.name != "tokenizer"}
+    llm = LLM(a.model, tokenizer=a.tokenizer, **options)
+    serve(llm.engine, a.served_model_name or a.model, a.host, a.port, sock=sock)
+    return 0
+
+
+COMMANDS = ("generate", "run", "bench", "train", "ship", "student", "grade", "export", "serve")
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         asked = bool(argv) and argv[0] in ("-h", "--help")
-        print("usage: python -m minillm {generate,run,bench,train,ship,student,grade} ...\n"
+        print("usage: python -m minillm {generate,run,bench,train,ship,student,grade,export,serve} ...\n"
               "  generate  --model M --prompt P [sampling flags]   text through the engine (LLM.generate)\n"
               "  run       CKPT -z TOK -t T -p P -s SEED -n STEPS -i PROMPT   llama2.c run.c, byte for byte\n"
               "  bench     {decode,batched,serve,quant,spec,peers} --model M [--quick] [--json F]   (bench -h)\n"
@@ -83,6 +136,8 @@ def main(argv=None) -> int:
               "  ship      --target DIR --draft DIR --data DIR   evaluate runs, package them with a model card\n"
               "  student   SRC DST   notebooks with the exercise solutions removed\n"
               "  grade     DIR [--gpu] [--json]   run every exercise checker on a folder of notebooks\n"
+              "  export    --hf DIR [--model M] [--quantization Q] [--force]   a Hugging Face Llama directory\n"
+              "  serve     --model M [--port P] [engine flags]   an OpenAI-compatible server (streaming)\n"
               "python -m minillm COMMAND -h   a command's flags", file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 1
     cmd, rest = argv[0], argv[1:]
@@ -99,6 +154,10 @@ def _command(cmd: str):
     """The subcommand's main(argv) -> exit code, imported only when asked for (bench pulls in a lot)."""
     if cmd == "generate":
         return generate_main
+    if cmd == "export":
+        return export_main
+    if cmd == "serve":
+        return serve_main
     if cmd == "run":
         from .engine.runc import main
     elif cmd == "bench":

@@ -6,7 +6,7 @@
     core                                      the engine's mechanisms and its seams
     spec_decode, quantization, backends       plug into the core's seams; independent of each other
     engine                                    parts prepared in one place, LLMEngine, LLM
-    bench, training, labs                     use the engine
+    bench, training, labs, serve              use the engine
     viz                                       draws what the layers below record (minillm never imports it)
     __main__, __init__                        the CLI and the package's face
 
@@ -22,6 +22,7 @@ LAYERS = {"kernels": 0, "config": 0, "paths": 0, "progress": 0, "threads": 0, "_
           "llama": 1, "formats": 2, "guided": 2,
           "core": 3,
           "spec_decode": 4, "quantization": 4, "backends": 4, "engine": 5, "bench": 6, "training": 6, "labs": 6,
+          "serve": 6,
           "viz": 7, "__main__": 8, "__init__": 8}
 INDEPENDENT = {"spec_decode", "quantization", "backends"}   # plug-ins: none may import another
 

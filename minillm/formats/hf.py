@@ -242,6 +242,13 @@ class HFTokenizer:
         if not self.stop_ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.stop_ids):
             raise ValueError(f"{cfg_file}: eos_token_id={eos!r} must be a token id or a list of them")
         self.eos_id = min(self.stop_ids)
+        gen_file = os.path.join(os.path.dirname(file), "generation_config.json")   # more stop ids, as vLLM reads
+        more = read_json(gen_file).get("eos_token_id") if os.path.exists(gen_file) else None
+        more = [more] if isinstance(more, int) else more if isinstance(more, list) else []
+        self.stop_ids |= {i for i in more if isinstance(i, int) and not isinstance(i, bool)}
+        tok_cfg = os.path.join(os.path.dirname(file), "tokenizer_config.json")      # the chat template, if any
+        template = read_json(tok_cfg).get("chat_template") if os.path.exists(tok_cfg) else None
+        self.chat_template = template if isinstance(template, str) else None
         self.vocab_size = self._tok.get_vocab_size()
 
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:

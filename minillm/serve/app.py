@@ -1,0 +1,259 @@
+"""The HTTP side of `minillm serve`: a FastAPI app speaking OpenAI's /v1/completions, /v1/chat/completions and
+/v1/models (streaming as server-sent events), in front of an AsyncEngine (minillm.serve.async_engine).
+
+A handler parses and checks the request (minillm.serve.protocol), submits it to the engine loop's queue and turns
+the updates that come back into OpenAI's objects. It never touches the engine itself (it reads only the tokenizer,
+which holds no state, for the chat template's BOS and logprobs' token texts). A client that disconnects
+cancels its handler (Starlette cancels a streaming response on http.disconnect; a non-streaming one is watched
+here, as vLLM's `with_cancellation` does), and the handler's `finally` aborts its requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..formats.chat_template import CHAT_STOP, CHAT_TEMPLATE, render_chat
+from . import protocol as P
+from .async_engine import AsyncEngine
+from .stream import Delta
+
+
+class ServeError(Exception):
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+def build_app(engine, model_name: str, chat_template: Optional[str] = None) -> FastAPI:
+    """engine: an LLMEngine (llm.engine); it belongs to the app's engine loop while the app runs."""
+    aengine = AsyncEngine(engine)
+    tokenizer, max_model_len = engine.tokenizer, engine.config.max_model_len
+    template = chat_template or getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await aengine.start()
+        yield
+        await aengine.stop()
+
+    app = FastAPI(title="minillm", lifespan=lifespan)
+    app.state.engine = aengine
+
+    # ------------------------------------------------------------------ errors, in OpenAI's shape
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        message, param = P.validation_message(exc.errors())
+        return JSONResponse(P.error_body(message, 400, param), status_code=400)
+
+    @app.exception_handler(ServeError)
+    async def _refused(request, exc: ServeError):
+        return JSONResponse(P.error_body(str(exc), exc.status, exc.param), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request, exc: HTTPException):
+        return JSONResponse(P.error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(request, exc: Exception):
+        return JSONResponse(P.error_body(f"internal error: {type(exc).__name__}: {exc}", 500), status_code=500)
+
+    def check_model(name: str):
+        if name != model_name:
+            raise ServeError(f"The model `{name}` does not exist (this server serves {model_name!r}: "
+                             f"GET /v1/models)", 404, "model")
+
+    def params_of(req, **kw):
+        try:
+            return P.sampling_params(req, **kw)
+        except ValueError as e:
+            raise ServeError(str(e)) from None
+
+    async def submit(prompts, params, req, rid, fill_context=False):
+        if req.stream and params.num_samples > params.n:
+            raise ServeError(f"best_of={params.best_of} > n={params.n} cannot stream: the best samples are known "
+                             "only when all have finished", param="best_of")
+        try:
+            return await aengine.submit(prompts, params, request_id=rid, priority=req.priority, client=req.user,
+                                        fill_context=fill_context)
+        except ValueError as e:
+            raise ServeError(str(e)) from None
+
+    # ------------------------------------------------------------------ routes
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/stats")
+    async def stats():
+        """The engine's counters (not OpenAI's API): requests, running, waiting, free_blocks of num_blocks."""
+        return await aengine.stats()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "minillm", "max_model_len": max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(req: P.CompletionRequest, request: Request):
+        check_model(req.model)
+        if req.echo or req.suffix:
+            raise ServeError("echo and suffix are not supported by this server", param="echo" if req.echo else
+                             "suffix")
+        prompts = [req.prompt] if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) \
+            else list(req.prompt)
+        if not prompts:
+            raise ServeError("prompt is empty: pass text, a list of texts, or token ids", param="prompt")
+        params = params_of(req, logprobs=req.logprobs)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        group = await submit(prompts, params, req, rid)
+        shape = Shape(rid, model_name, params.n, tokenizer, chat=False, token_ids=req.return_token_ids)
+        if req.stream:
+            return stream_response(group, shape, req.stream_options)
+        return await unless_disconnected(request, group, shape)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: P.ChatCompletionRequest, request: Request):
+        check_model(req.model)
+        try:
+            schema = P.response_format_schema(req.response_format)
+            messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
+                         else "".join(part.text for part in m.content)} for m in req.messages]
+            text = render_chat(messages, template, bos_token=_bos_text(tokenizer),
+                               add_generation_prompt=req.add_generation_prompt)
+        except ValueError as e:
+            raise ServeError(str(e)) from None
+        text = text.removeprefix(_bos_text(tokenizer))        # the engine's tokenizer adds BOS itself
+        top = req.top_logprobs if req.top_logprobs is not None else 0
+        fill = req.max_tokens is None and req.max_completion_tokens is None   # then: what the context leaves (vLLM)
+        params = params_of(req, logprobs=top if req.logprobs else None, guided_json=schema)
+        guided = params.guided_regex or params.guided_json or params.guided_choice   # the pattern ends the reply
+        if template == CHAT_TEMPLATE and CHAT_STOP not in params.stop and not guided:   # a reply is one speech
+            params = replace(params, stop=params.stop + [CHAT_STOP])
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        group = await submit([text], params, req, rid, fill_context=fill)
+        shape = Shape(rid, model_name, params.n, tokenizer, chat=True, token_ids=req.return_token_ids,
+                      top_logprobs=top if req.logprobs else None)
+        if req.stream:
+            return stream_response(group, shape, req.stream_options)
+        return await unless_disconnected(request, group, shape)
+
+    return app
+
+
+def _bos_text(tokenizer) -> str:
+    """The BOS token as the chat template writes it: "<s>" for llama2.c vocabularies (as export_hf names it)."""
+    hf = getattr(tokenizer, "_tok", None)                  # a tokenizer.json (minillm.formats.hf.HFTokenizer)
+    return hf.id_to_token(tokenizer.bos_id) if hf is not None else "<s>"
+
+
+# ---------------------------------------------------------------------------- updates -> OpenAI objects
+class Shape:
+    """How one call's updates become OpenAI choices: choice index = prompt index * n + sample index (as vLLM)."""
+
+    def __init__(self, rid, model, n, tokenizer, chat: bool, token_ids: bool, top_logprobs=None):
+        self.rid, self.model, self.n, self.tokenizer, self.chat = rid, model, n, tokenizer, chat
+        self.token_ids, self.top_logprobs = token_ids, top_logprobs
+        self.offsets: dict = {}                   # choice index -> characters of text so far (logprobs offsets)
+
+    def choice(self, prompt_index: int, d, final: bool = False) -> dict:
+        index = prompt_index * self.n + d.index
+        c = {"index": index}
+        if self.chat:
+            c["message" if final else "delta"] = {"role": "assistant", "content": d.text} if final else \
+                {"content": d.text}
+            lp = P.chat_logprobs(self.tokenizer, d.logprobs, self.top_logprobs) if d.logprobs else None
+        else:
+            c["text"] = d.text
+            lp = P.completion_logprobs(self.tokenizer, d.logprobs, self.offsets.get(index, 0)) if d.logprobs else None
+            self.offsets[index] = self.offsets.get(index, 0) + len(d.text)
+        c["logprobs"] = lp
+        c["finish_reason"] = d.finish_reason
+        c["stop_reason"] = d.stop_reason if isinstance(d.stop_reason, (str, int)) else None
+        if self.token_ids:
+            c["token_ids"] = d.token_ids
+        return c
+
+    def obj(self, choices, usage, chunk: bool) -> dict:
+        return (P.chat_object if self.chat else P.completion_object)(self.rid, self.model, choices, usage, chunk)
+
+
+def _error_of(update) -> Optional[str]:
+    return next((d.error or "the request failed" for d in update.deltas if d.finish_reason == "error"), None)
+
+
+async def unless_disconnected(request: Request, group, shape: Shape):
+    """Collect the whole answer, unless the client goes away first (then its requests are aborted)."""
+    collect = asyncio.ensure_future(collect_all(group, shape))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait([collect, gone], return_when=asyncio.FIRST_COMPLETED)
+        if not collect.done():
+            collect.cancel()
+            return JSONResponse(P.error_body("client disconnected", 499), status_code=499)
+        return collect.result()
+    finally:
+        gone.cancel()
+        group.close()
+
+
+async def _disconnected(request: Request):
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect_all(group, shape: Shape):
+    """The final output of every prompt (with best_of, the n best samples, renumbered 0..n-1) as one object."""
+    outputs = {}
+    async for pi, update in group:
+        error = _error_of(update)
+        if error:
+            return JSONResponse(P.error_body(error, 500), status_code=500)
+        if update.finished:
+            outputs[pi] = update.output
+    choices = [shape.choice(pi, Delta(i, c.text, list(c.token_ids), c.finish_reason, c.stop_reason, c.error,
+                                      list(c.logprobs or [])), final=True)
+               for pi in sorted(outputs) for i, c in enumerate(outputs[pi].outputs)]
+    completion_tokens = sum(len(c.token_ids) for o in outputs.values() for c in o.outputs)
+    return shape.obj(choices, P.usage(sum(len(ids) for ids in group.prompt_ids), completion_tokens), chunk=False)
+
+
+def stream_response(group, shape: Shape, options) -> StreamingResponse:
+    include_usage = bool(options and options.include_usage)
+
+    async def events():
+        completion_tokens = 0
+        try:
+            if shape.chat:                        # the role comes first, as OpenAI's streams do
+                first = [{"index": pi * shape.n + i, "delta": {"role": "assistant", "content": ""},
+                          "logprobs": None, "finish_reason": None}
+                         for pi in range(len(group.request_ids)) for i in range(shape.n)]
+                yield P.sse(shape.obj(first, None, chunk=True))
+            async for pi, update in group:
+                error = _error_of(update)
+                if error:
+                    yield P.sse(P.error_body(error, 500))
+                    break
+                choices = [shape.choice(pi, d) for d in update.deltas]
+                completion_tokens += sum(len(d.token_ids) for d in update.deltas)
+                if choices:
+                    yield P.sse(shape.obj(choices, None, chunk=True))
+            else:
+                if include_usage:
+                    prompt_tokens = sum(len(ids) for ids in group.prompt_ids)
+                    yield P.sse(shape.obj([], P.usage(prompt_tokens, completion_tokens), chunk=True))
+            yield P.sse("[DONE]")
+        finally:                                  # a disconnect cancels this generator: abort what still runs
+            group.close()
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

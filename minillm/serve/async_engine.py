@@ -1,0 +1,237 @@
+"""AsyncEngine: the engine loop behind `minillm serve`, an asyncio task that alone owns one LLMEngine.
+
+    HTTP handler ──Add / Abort / Stats──> inbox (asyncio.Queue) ──> the loop: apply every waiting command,
+                                                                    engine.step() in a worker thread,
+    HTTP handler <──Update (deltas)──── the request group's queue <── each request's new text and tokens
+
+Handlers never call the engine: they put a command in the inbox and read their requests' updates from their own
+queue, so the engine is only ever touched between steps, by one task, and a step stays the transaction it is in
+LLM.generate. The step runs in a single worker thread (always the same one: torch's and numba's thread pools stay
+where the engine set them up) so that, meanwhile, the event loop accepts connections, parses requests and sends
+the previous step's tokens. A client that goes away cancels its handler, whose `finally` queues an Abort: the
+engine finishes the request with "abort" and frees its blocks before the next step.
+
+This is vLLM's v0 AsyncLLMEngine (a background loop over LLMEngine.step feeding a per-request AsyncStream); v1
+moves the engine core into its own process behind ZeroMQ queues: the same shape, with a process boundary where
+this has a thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from .stream import DeltaTracker
+
+log = logging.getLogger("minillm.serve")
+
+
+@dataclass
+class Update:
+    """What one step did for one request: a delta per sample that changed; the RequestOutput once it finished."""
+    request_id: str
+    deltas: list                # [minillm.serve.stream.Delta]
+    finished: bool = False
+    output: object = None
+
+
+@dataclass
+class _Add:
+    prompts: list
+    params: object
+    request_ids: list
+    priority: int
+    client: object
+    fill_context: bool          # max_tokens: whatever the context leaves after the prompt (chat's default, as vLLM)
+    queue: asyncio.Queue
+    accepted: asyncio.Future    # -> each prompt's token ids, or the ValueError that refused them (nothing queued)
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Stats:
+    answer: asyncio.Future
+
+
+@dataclass
+class _Stream:
+    queue: asyncio.Queue
+    tracker: DeltaTracker
+
+
+class RequestGroup:
+    """The requests of one HTTP call (one per prompt), read as (prompt index, Update) in the order the engine made
+    them, until all have finished. close() aborts those still running (idempotent)."""
+
+    def __init__(self, owner: "AsyncEngine", request_ids: list, prompt_ids: list, queue: asyncio.Queue):
+        self.owner, self.request_ids, self.prompt_ids, self.queue = owner, request_ids, prompt_ids, queue
+        self.index = {rid: i for i, rid in enumerate(request_ids)}
+        self.pending = set(request_ids)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> tuple[int, Update]:
+        if not self.pending:
+            raise StopAsyncIteration
+        update = await self.queue.get()
+        if update.finished:
+            self.pending.discard(update.request_id)
+        return self.index[update.request_id], update
+
+    def close(self):
+        for rid in sorted(self.pending):
+            self.owner.inbox.put_nowait(_Abort(rid))
+        self.pending.clear()
+
+
+class AsyncEngine:
+    def __init__(self, engine):
+        self.engine = engine
+        self.inbox: Optional[asyncio.Queue] = None
+        self.streams: dict[str, _Stream] = {}
+        self.live: set = set()                  # ids this loop queued that are still in the engine
+        self.counts = {"added": 0, "finished": 0, "aborted": 0, "errors": 0, "steps": 0}
+        self._task: Optional[asyncio.Task] = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minillm-step")
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ lifecycle (in the server's event loop)
+    async def start(self):
+        self.inbox = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="minillm engine loop")
+
+    async def stop(self):
+        """End the loop; the requests it queued that are still there are aborted and dropped (their blocks freed,
+        their streams told), so the engine goes back to its owner as it came."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)   # a step still running ends
+        for rid in sorted(self.live):
+            self._abort(rid)
+
+    # ------------------------------------------------------------------ the handlers' side
+    async def submit(self, prompts: list, params, *, request_id: Optional[str] = None, priority: int = 0,
+                     client=None, fill_context: bool = False) -> RequestGroup:
+        """Queue one request per prompt, all validated before any is queued (the engine's ValueError if one is
+        refused; "prompt i: ..." when there are several). The caller iterates the group and closes it in a
+        `finally`: closing early aborts what still runs."""
+        if self._task is None or self._task.done():
+            raise RuntimeError("the engine loop is not running (AsyncEngine.start() first)")
+        base = request_id or f"req-{next(self._ids)}"
+        rids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
+        queue, accepted = asyncio.Queue(), asyncio.get_running_loop().create_future()
+        await self.inbox.put(_Add(list(prompts), params, rids, priority, client, fill_context, queue, accepted))
+        try:
+            prompt_ids = await accepted
+        except asyncio.CancelledError:                   # the client left while its requests were being queued
+            for rid in rids:
+                self.inbox.put_nowait(_Abort(rid))
+            raise
+        return RequestGroup(self, rids, prompt_ids, queue)
+
+    async def stats(self) -> dict:
+        """The engine's counters (requests, queues, free blocks ...), read by the loop between steps."""
+        answer = asyncio.get_running_loop().create_future()
+        await self.inbox.put(_Stats(answer))
+        return await answer
+
+    # ------------------------------------------------------------------ the loop
+    async def _loop(self):
+        loop, engine = asyncio.get_running_loop(), self.engine
+        while True:
+            if not engine.has_unfinished_requests():
+                self._apply(await self.inbox.get())        # idle: sleep until a command arrives
+            while not self.inbox.empty():
+                self._apply(self.inbox.get_nowait())
+            if not engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = await loop.run_in_executor(self._pool, engine.step)
+            except Exception as e:                         # the step rolled back; its requests end with an error
+                log.exception("engine step failed")
+                for rid in list(self.streams):
+                    self._abort(rid, error=f"engine step failed: {type(e).__name__}: {e}")
+                continue
+            self.counts["steps"] += 1
+            for out in outputs:
+                self._publish(out)
+            for out in engine.pop_finished():              # finished in this step
+                self._publish(out)
+                self.live.discard(out.request_id)
+            if not outputs:
+                await asyncio.sleep(0.001)                 # nothing ran (e.g. a batching window): do not spin
+
+    def _apply(self, cmd):
+        engine = self.engine
+        if isinstance(cmd, _Add):
+            if cmd.accepted.cancelled():                   # the client left before its requests were queued
+                return
+            try:
+                requests = [self._make(cmd, i) for i in range(len(cmd.prompts))]   # every prompt validated first
+            except ValueError as e:
+                cmd.accepted.set_exception(e)
+                return
+            for r in requests:
+                engine.enqueue(r)
+                self.live.add(r.request_id)
+                self.streams[r.request_id] = _Stream(cmd.queue, DeltaTracker(r.params.stop))
+                self.counts["added"] += 1
+            cmd.accepted.set_result([list(r.prompt_ids) for r in requests])
+        elif isinstance(cmd, _Abort):
+            self._abort(cmd.request_id)
+        elif isinstance(cmd, _Stats):
+            bm, sched = engine.block_manager, engine.scheduler
+            cmd.answer.set_result({**self.counts, "requests": len(engine.requests), "running": len(sched.running),
+                                   "waiting": len(sched.waiting), "num_blocks": bm.num_blocks,
+                                   "free_blocks": bm.num_free, "streams": len(self.streams)})
+
+    def _make(self, cmd: _Add, i: int):
+        engine, prompt, params = self.engine, cmd.prompts[i], cmd.params
+        try:
+            if cmd.fill_context:
+                ids = engine.validate(prompt)
+                params = replace(params, max_tokens=max(1, engine.config.max_model_len - len(ids)))
+            return engine.make_request(prompt, params, cmd.request_ids[i], priority=cmd.priority, client=cmd.client)
+        except ValueError as e:
+            raise ValueError(f"prompt {i}: {e}" if len(cmd.prompts) > 1 else str(e)) from None
+
+    def _abort(self, rid: str, error: Optional[str] = None):
+        """End a request now: its blocks freed, its stream (if anyone still reads it) told why."""
+        engine = self.engine
+        stream = self.streams.pop(rid, None)
+        self.live.discard(rid)
+        if rid not in engine.requests:
+            return
+        if not engine.requests[rid].finished:
+            engine.abort(rid)
+            self.counts["aborted"] += 1
+        out = engine.requests.pop(rid).output()
+        if stream is not None:
+            deltas = stream.tracker.deltas(out)
+            for d in deltas:
+                d.finish_reason, d.error = ("error", error) if error else (d.finish_reason, d.error)
+            stream.queue.put_nowait(Update(rid, deltas, True, out))
+
+    def _publish(self, out):
+        stream = self.streams.get(out.request_id)
+        if stream is None:
+            return
+        deltas = stream.tracker.deltas(out)
+        if out.finished:
+            del self.streams[out.request_id]
+            self.counts["finished"] += 1
+            self.counts["errors"] += any(c.finish_reason == "error" for c in out.outputs)
+        if deltas or out.finished:
+            stream.queue.put_nowait(Update(out.request_id, deltas, out.finished, out if out.finished else None))

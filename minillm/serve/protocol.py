@@ -1,0 +1,208 @@
+"""The OpenAI API's requests and responses, as `minillm serve` speaks them (pydantic models; plain dicts out).
+
+Requests: /v1/completions and /v1/chat/completions take OpenAI's fields, plus vLLM's extra sampling fields (top_k,
+min_p, repetition_penalty, ignore_eos, stop_token_ids, best_of, guided_regex / guided_json / guided_choice,
+priority, return_token_ids). Structure (types of prompt, messages, stream, ...) is checked by pydantic; the
+sampling values are passed to SamplingParams AS SENT (typed Any here), so a bad one is refused with SamplingParams'
+own message, the same words LLM.generate would raise. An unknown field is refused, naming it: a typo must not be
+silently ignored. Every refusal is HTTP 400 in OpenAI's error shape (404 for an unknown model, as OpenAI and vLLM):
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
+
+Responses follow OpenAI's objects: text_completion / chat.completion, and their streamed chunks
+(text_completion chunks and chat.completion.chunk) sent as server-sent events, ended by `data: [DONE]`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from ..core.sampling import SamplingParams
+
+
+# ---------------------------------------------------------------------------- requests
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: StrictBool = False
+
+
+class _Sampling(_Strict):
+    """Fields both endpoints take. Sampling values are Any: SamplingParams checks them (see the module doc)."""
+    model: StrictStr
+    n: Any = None
+    best_of: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    top_k: Any = None
+    min_p: Any = None
+    max_tokens: Any = None
+    stop: Any = None
+    stop_token_ids: Any = None
+    ignore_eos: Any = None
+    seed: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    guided_regex: Any = None
+    guided_json: Any = None
+    guided_choice: Any = None
+    stream: StrictBool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[StrictStr] = None           # who sent it: the client scheduling_policy="fair" counts by
+    priority: StrictInt = 0                     # scheduling_policy="priority" (vLLM's extra field)
+    return_token_ids: StrictBool = False        # each choice (and chunk) also carries its token ids (vLLM's)
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    logprobs: Any = None                        # an integer k: the top-k per token (OpenAI allows up to 5)
+    echo: StrictBool = False
+    suffix: Optional[StrictStr] = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: Union[StrictStr, list[TextPart]]
+    name: Optional[StrictStr] = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Any = None           # OpenAI's newer name for max_tokens
+    logprobs: StrictBool = False
+    top_logprobs: Any = None
+    response_format: Optional[dict] = None      # {"type": "text" | "json_object" | "json_schema", ...}
+    add_generation_prompt: StrictBool = True    # vLLM's extra field
+
+
+def _given(value, default):
+    """OpenAI sends null for "the default"."""
+    return default if value is None else value
+
+
+def sampling_params(req: _Sampling, max_tokens_default: int = 16, logprobs=None, guided_json=None) -> SamplingParams:
+    """The request's SamplingParams (SamplingParams' ValueError if a value is bad)."""
+    max_tokens = req.max_tokens
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        max_tokens = req.max_completion_tokens
+    return SamplingParams(
+        n=_given(req.n, 1), best_of=req.best_of, temperature=_given(req.temperature, 1.0),
+        top_p=_given(req.top_p, 1.0), top_k=_given(req.top_k, 0), min_p=_given(req.min_p, 0.0),
+        max_tokens=_given(max_tokens, max_tokens_default), stop=req.stop, stop_token_ids=req.stop_token_ids,
+        ignore_eos=_given(req.ignore_eos, False), seed=req.seed,
+        presence_penalty=_given(req.presence_penalty, 0.0), frequency_penalty=_given(req.frequency_penalty, 0.0),
+        repetition_penalty=_given(req.repetition_penalty, 1.0), logprobs=logprobs,
+        guided_regex=req.guided_regex, guided_json=_given(req.guided_json, guided_json),
+        guided_choice=req.guided_choice)
+
+
+def response_format_schema(fmt: Optional[dict]):
+    """OpenAI's response_format -> a JSON schema for guided_json (None: free text)."""
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "object"}
+    if fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict) \
+            and "schema" in fmt["json_schema"]:
+        return fmt["json_schema"]["schema"]
+    raise ValueError(f"response_format must be {{'type': 'text' | 'json_object'}} or {{'type': 'json_schema', "
+                     f"'json_schema': {{'schema': ...}}}}, got {fmt!r:.200}")
+
+
+# ---------------------------------------------------------------------------- errors
+def error_body(message: str, status: int = 400, param: Optional[str] = None) -> dict:
+    kind = {400: "invalid_request_error", 404: "invalid_request_error"}.get(status, "server_error")
+    code = "model_not_found" if status == 404 and param == "model" else None
+    if param is None:                           # SamplingParams names its field: "SamplingParams.top_p must be"
+        m = re.search(r"SamplingParams\.(\w+)", message)
+        param = m.group(1) if m else "prompt" if re.match(r"(prompt \d+: )?prompt", message) else None
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def validation_message(errors: list) -> tuple[str, Optional[str]]:
+    """pydantic's errors for a request body -> (one message, the field it names)."""
+    e = errors[0]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    where = ".".join(loc) or None
+    if e.get("type") == "json_invalid":
+        return f"malformed JSON body: {e.get('ctx', {}).get('error', e.get('msg'))}", None
+    if e.get("type") == "extra_forbidden":
+        return f"unsupported parameter {where!r}: this server does not take it", where
+    if e.get("type") in ("model_attributes_type", "dict_type") and not loc:
+        return "the request body must be a JSON object", None
+    if e.get("type") == "missing":
+        return f"missing required parameter {where!r}", where
+    got = json.dumps(e.get("input"), default=str)[:100] if "input" in e else "?"
+    return f"{where}: {e.get('msg')} (got {got})", where
+
+
+# ---------------------------------------------------------------------------- responses
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def token_text(tokenizer, token: int) -> str:
+    """A token as text for logprobs (llama2.c vocabularies: its piece, e.g. ' the' or '<0x0A>')."""
+    if hasattr(tokenizer, "pieces"):
+        return tokenizer.pieces[token].decode("utf-8", errors="replace")
+    return tokenizer.decode([token])
+
+
+def completion_logprobs(tokenizer, entries: list, text_offset: int) -> dict:
+    """Per token {id: logprob} (the token's first) -> the completions API's logprobs object."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for d in entries:
+        (tok, lp), *_ = d.items()
+        text = token_text(tokenizer, tok)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp)
+        out["top_logprobs"].append({token_text(tokenizer, t): x for t, x in d.items()})
+        out["text_offset"].append(text_offset)
+        text_offset += len(text)
+    return out
+
+
+def chat_logprobs(tokenizer, entries: list, top: int) -> dict:
+    """Per token {id: logprob} -> the chat API's logprobs object (token, logprob, bytes, top_logprobs)."""
+    content = []
+    for d in entries:
+        (tok, lp), *_ = d.items()
+        ranked = sorted(d.items(), key=lambda kv: -kv[1])[:top]
+        content.append({"token": token_text(tokenizer, tok), "logprob": lp,
+                        "bytes": list(token_text(tokenizer, tok).encode()),
+                        "top_logprobs": [{"token": token_text(tokenizer, t), "logprob": x,
+                                          "bytes": list(token_text(tokenizer, t).encode())} for t, x in ranked]})
+    return {"content": content}
+
+
+def completion_object(rid: str, model: str, choices: list, usage_: Optional[dict], chunk: bool) -> dict:
+    obj = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model, "choices": choices}
+    if usage_ is not None or not chunk:
+        obj["usage"] = usage_
+    return obj
+
+
+def chat_object(rid: str, model: str, choices: list, usage_: Optional[dict], chunk: bool) -> dict:
+    obj = {"id": rid, "object": "chat.completion.chunk" if chunk else "chat.completion",
+           "created": int(time.time()), "model": model, "choices": choices}
+    if usage_ is not None or not chunk:
+        obj["usage"] = usage_
+    return obj
+
+
+def sse(obj) -> str:
+    """One server-sent event."""
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
