@@ -143,11 +143,64 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")                      # EngineConfig.dtype
-QUANTIZATION_SCHEMES = ("int8", "int4", "q8_0", "awq", "w8a8", "smoothquant")   # EngineConfig.quantization
+QUANTIZATION_SCHEMES = ("int8", "int4", "q8_0", "awq", "gptq", "w8a8", "smoothquant")   # EngineConfig.quantization
 INT4_GROUPS = (32, 64, 128)                                                   # int4 and AWQ group sizes
 
 
 SCHEDULING_POLICIES = ("fcfs", "sjf", "priority", "mlfq", "fair", "lpm")   # minillm.core.policies
+SPARSITY_METHODS = ("magnitude", "wanda")                                     # minillm.quantization.prune
+
+
+def sparsity_pattern(pattern) -> tuple:
+    """EngineConfig.sparsity's "pattern": a fraction in (0, 1) pruned in each output row (unstructured), or "N:M"
+    (keep N of every M consecutive inputs, N < M). -> (fraction, None) or (N, M); a ValueError naming the value."""
+    if isinstance(pattern, str):
+        parts = pattern.split(":")
+        if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+            n, m = int(parts[0]), int(parts[1])
+            if 0 < n < m:
+                return n, m
+        raise ValueError(f"EngineConfig.sparsity pattern must be 'N:M' with 0 < N < M (e.g. '2:4') or a fraction "
+                         f"in (0, 1), got {pattern!r}")
+    return _check_real("EngineConfig", "sparsity pattern", pattern, "a fraction in (0, 1) or 'N:M' (e.g. '2:4')",
+                       lambda x: 0.0 < x < 1.0), None
+
+
+def check_sparsity(sparsity) -> Optional[dict]:
+    """None, or {"method": "magnitude" | "wanda", "pattern": "2:4" | 0.5} checked (DESIGN.md's shape)."""
+    if sparsity is None:
+        return None
+    if not isinstance(sparsity, dict) or set(sparsity) - {"method", "pattern"} or "pattern" not in sparsity:
+        raise ValueError("EngineConfig.sparsity must be None or a dict {'method': 'magnitude' | 'wanda', "
+                         f"'pattern': '2:4' | 0.5}}, got {sparsity!r}")
+    method = sparsity.get("method", "wanda")
+    if method not in SPARSITY_METHODS:
+        raise ValueError(f"EngineConfig.sparsity method={method!r} is not one of {SPARSITY_METHODS}")
+    sparsity_pattern(sparsity["pattern"])
+    return {"method": method, "pattern": sparsity["pattern"]}
+
+
+KV_EVICTION_METHODS = ("streaming", "h2o")                                    # minillm.core.kv_eviction
+
+
+def check_kv_eviction(value) -> Optional[dict]:
+    """None, or {"method": "streaming" | "h2o", "sinks": int >= 0, "window": int >= 1} checked; the window must
+    hold at least as many tokens as the sinks. -> the dict with defaults filled (sinks 4, window 256)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"method", "sinks", "window"}:
+        raise ValueError("EngineConfig.kv_eviction must be None or a dict {'method': 'streaming' | 'h2o', "
+                         f"'sinks': 4, 'window': 256}}, got {value!r}")
+    method = value.get("method", "streaming")
+    if method not in KV_EVICTION_METHODS:
+        raise ValueError(f"EngineConfig.kv_eviction method={method!r} is not one of {KV_EVICTION_METHODS}")
+    sinks = _check_int("EngineConfig", "kv_eviction sinks", value.get("sinks", 4), 0)
+    window = _check_int("EngineConfig", "kv_eviction window", value.get("window", 256), 1)
+    if window < sinks:
+        raise ValueError(f"EngineConfig.kv_eviction window={window} is smaller than sinks={sinks}: the window of "
+                         f"recent tokens must hold at least as many tokens as the sinks")
+    return {"method": method, "sinks": sinks, "window": window}
+
 
 
 @dataclass
@@ -172,6 +225,8 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     swap_bytes: int = 0
     speculative: Optional[dict] = None
+    sparsity: Optional[dict] = None
+    kv_eviction: Optional[dict] = None
     seed: int = 0
     trace: bool = True
 
@@ -206,6 +261,14 @@ class EngineConfig:
         if self.speculative is not None and not isinstance(self.speculative, dict):
             raise ValueError("EngineConfig.speculative must be None or a dict with a 'method', "
                              f"got {self.speculative!r}")
+
+        self.sparsity = check_sparsity(self.sparsity)
+        self.kv_eviction = check_kv_eviction(self.kv_eviction)
+        if self.kv_eviction is not None and (self.enable_prefix_caching or self.speculative is not None):
+            raise ValueError("EngineConfig.kv_eviction drops blocks from the middle of a sequence: it does not combine "
+                             "with enable_prefix_caching=True (a block's name is its whole prefix) or speculative "
+                             f"decoding, got enable_prefix_caching={self.enable_prefix_caching}, "
+                             f"speculative={self.speculative!r}")
 
         # Options that contradict each other are refused, not silently ignored.
         if self.enable_chunked_prefill and self.batching != "continuous":

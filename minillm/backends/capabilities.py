@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-from ..config import DTYPES, QUANTIZATION_SCHEMES, EngineConfig
+from ..config import DTYPES, QUANTIZATION_SCHEMES, EngineConfig, sparsity_pattern
 from ..llama.linears import Int4Linear, Int8Linear, Q80Linear, W8A8Linear
 
 
@@ -33,11 +33,16 @@ class Capability:
                                    # mask, RoPE positions apart from cache slots, and hidden states)
     linears: tuple | None          # the linear module types it has kernels for (exact types); None: any module
                                    # with a forward over the last dimension (a weight type plugged into the model)
+    sparsity: tuple = ("unstructured", "n:m")  # EngineConfig.sparsity patterns: unstructured and N:M are dense weights
+                                   # with zeros (any backend); "2:4" is Sparse24Linear (values + 2-bit indices)
+    kv_eviction: tuple = ()        # kv_eviction methods (keys stored before RoPE, attention probabilities kept)
 
 
 CAPABILITIES = {
-    "torch": Capability(DTYPES, QUANTIZATION_SCHEMES, ("auto", "int8"), ("draft", "ngram", "medusa"), None),
-    "numba": Capability(("float32",), ("int8", "int4", "q8_0", "w8a8"), ("auto", "int8"), ("draft", "ngram", "medusa"),
+    "torch": Capability(DTYPES, QUANTIZATION_SCHEMES, ("auto", "int8"), ("draft", "ngram", "medusa"), None,
+                        sparsity=("unstructured", "n:m", "2:4"), kv_eviction=("streaming", "h2o")),
+    "numba": Capability(("float32",), ("int8", "int4", "q8_0", "gptq", "w8a8"), ("auto", "int8"),  # gptq: int4 weights
+                        ("draft", "ngram", "medusa"),
                         (nn.Linear, Int8Linear, Int4Linear, Q80Linear, W8A8Linear)),
     "cuda": Capability(("float32",), (), ("auto",), ("draft", "ngram"), (nn.Linear,)),
 }
@@ -66,8 +71,22 @@ def _check_options(b: str, config: EngineConfig, method=None):
         raise _refuse(b, "quantization", config.quantization, lambda c: config.quantization in c.quantization)
     if config.kv_cache_dtype not in cap.kv_cache_dtypes:
         raise _refuse(b, "kv_cache_dtype", config.kv_cache_dtype, lambda c: config.kv_cache_dtype in c.kv_cache_dtypes)
+    kind = sparsity_kind(config.sparsity)
+    if kind and kind not in cap.sparsity:
+        raise _refuse(b, "sparsity pattern", config.sparsity["pattern"], lambda c: kind in c.sparsity)
+    evict = config.kv_eviction["method"] if config.kv_eviction else None
+    if evict is not None and evict not in cap.kv_eviction:
+        raise _refuse(b, "kv_eviction method", evict, lambda c: evict in c.kv_eviction)
     if method is not None and method not in cap.speculative:
         raise _refuse(b, "speculative method", method, lambda c: method in c.speculative)
+
+
+def sparsity_kind(sparsity) -> str | None:
+    """EngineConfig.sparsity's row in the table: None, "unstructured", "2:4" (stored compressed) or "n:m"."""
+    if not sparsity:
+        return None
+    n, m = sparsity_pattern(sparsity["pattern"])
+    return "unstructured" if m is None else "2:4" if (n, m) == (2, 4) else "n:m"
 
 
 def choose_backend(config: EngineConfig, method=None, model: nn.Module | None = None) -> tuple[str, str]:

@@ -64,6 +64,20 @@ def main(argv: list[str]) -> int:
     qb.add_argument("--windows", type=int, default=25, help="held-out windows of 256 tokens for perplexity")
     qb.add_argument("--quick", action="store_true", help="4 windows, 8 steps, batch 4, 1 repeat: a smoke test")
     qb.add_argument("--json", default=None)
+    gq = sub.add_parser("gptq", help="GPTQ beside round-to-nearest int4 and AWQ at g32 and g128: delta perplexity, "
+                                     "quantization time")
+    gq.add_argument("--model", default="shakespeare")
+    gq.add_argument("--tokenizer", default=None)
+    gq.add_argument("--windows", type=int, default=25, help="held-out windows of 256 tokens for perplexity")
+    gq.add_argument("--quick", action="store_true",
+                    help="1 window, g128 only, GPTQ on 256 calibration tokens, no AWQ or act-order: a smoke test")
+    gq.add_argument("--json", default=None)
+    lc = sub.add_parser("longctx", help="kv_eviction (StreamingLLM, H2O): perplexity against KV budget on 1024-token "
+                                        "windows, KV bytes generating past the context")
+    lc.add_argument("--model", default="shakespeare")
+    lc.add_argument("--windows", type=int, default=4, help="held-out windows of the model's context (1024 tokens)")
+    lc.add_argument("--quick", action="store_true", help="1 window, budgets 128 and 256, 150 tokens generated")
+    lc.add_argument("--json", default=None)
     sp = sub.add_parser("spec",
                         help="speculative decoding: every proposer and gamma against plain decoding, batch 1 and up")
     sp.add_argument("--model", default="shakespeare")
@@ -81,6 +95,12 @@ def main(argv: list[str]) -> int:
     pe.add_argument("--runc", default=None, help="a run.c binary you built, timed at batch 1 (it has no batching)")
     pe.add_argument("--quick", action="store_true", help="batches 1 and 4, 16 steps, 1 repeat: a smoke test")
     pe.add_argument("--json", default=None)
+    spy = sub.add_parser("sparsity", help="magnitude and Wanda pruning: delta perplexity vs sparsity 10-70%% and 2:4; "
+                                          "the 2:4 GEMV against dense at batch 1")
+    spy.add_argument("--model", default="shakespeare")
+    spy.add_argument("--tokenizer", default=None)
+    spy.add_argument("--quick", action="store_true", help="2 windows, 50%% and 2:4 only, small GEMV: a smoke test")
+    spy.add_argument("--json", default=None)
     gd = sub.add_parser("guided", help="structured output: validity, mask cost at batch 8, jump-forward, "
                                        "masks and times beside outlines-core")
     gd.add_argument("--model", default="shakespeare")
@@ -130,6 +150,19 @@ def main(argv: list[str]) -> int:
         res = bench_quant(a.model, a.tokenizer, steps, batch, repeats, windows)
         print_table(res)
         return _write_json(res, a.json)
+    if a.what == "gptq":
+        from .gptq import bench_gptq, gptq_schemes, print_table
+        quick = [(label, q, dict(cfg, calibration_tokens=256) if q == "gptq" else cfg)
+                 for label, q, cfg in gptq_schemes((128,), act_order=False) if q != "awq"]
+        res = bench_gptq(a.model, a.tokenizer, 1 if a.quick else a.windows, quick if a.quick else None)
+        print_table(res)
+        return _write_json(res, a.json)
+    if a.what == "longctx":
+        from .longctx import BUDGETS, QUICK_BUDGETS, bench_longctx, print_table
+        res = bench_longctx(a.model, 1 if a.quick else a.windows, QUICK_BUDGETS if a.quick else BUDGETS,
+                            gen_tokens=150 if a.quick else 300)
+        print_table(res)
+        return _write_json(res, a.json)
     if a.what == "spec":
         from .spec import QUICK, bench_spec, print_table
         if a.quick:
@@ -137,6 +170,11 @@ def main(argv: list[str]) -> int:
         else:
             res = bench_spec(a.model, a.tokenizer, a.prompts, a.max_tokens)
         print_table(res)
+        return _write_json(res, a.json)
+    if a.what == "sparsity":
+        from .sparsity import bench_sparsity, print_report
+        res = bench_sparsity(a.model, a.tokenizer, a.quick)
+        print_report(res)
         return _write_json(res, a.json)
     if a.what == "guided":
         from .guided import bench_guided, print_report

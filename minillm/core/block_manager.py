@@ -21,6 +21,7 @@ The interface the scheduler uses (a replacement implements these; tests/test_sea
     fork(parent, child), free_seq(seq)               share all of a sequence's blocks / give them back
     truncate(seq, n)                                 keep only the blocks n tokens need (speculative rollback)
     mark_computed(seq)                               full computed blocks become reusable prefixes (may do nothing)
+    drop_blocks(seq, indices)                        kv_eviction only: blocks leave the middle of a table
     can_swap_out, swap_out, swap_in, free_swap       only with swap_blocks > 0 (preemption_mode="swap")
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ class BlockManager:
         self.swap_free: deque[int] = deque(range(swap_blocks))
         self.swap_blocks = swap_blocks
         self.prefix_hits = 0                                 # tokens whose K/V came from the cache
+        self.num_evicted = 0                                 # blocks kv_eviction dropped from sequences
 
     # ------------------------------------------------------------------ counters
     @property
@@ -103,7 +105,7 @@ class BlockManager:
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Extra blocks seq needs so that num_tokens tokens fit (ignoring prefix-cache hits)."""
-        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+        return max(0, -(-(num_tokens - seq.evicted) // self.block_size) - len(seq.block_table))
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(seq, num_tokens) <= self.num_free
@@ -115,6 +117,7 @@ class BlockManager:
         assert not seq.block_table, "allocate_prompt is for a sequence that holds no blocks"
         ids, bs = seq.token_ids, self.block_size
         hits = 0
+        seq.evicted, seq.kv_scores = 0, None         # (a recompute after preemption starts with the whole prompt)
         scoring = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) < len(seq.prompt_ids)
         if self.prefix_caching and not scoring:      # prompt_logprobs needs logits at every prompt position (vLLM v1)
             for i, h in enumerate(self._full_block_hashes(ids[:-1])):  # the last token is always computed
@@ -140,6 +143,7 @@ class BlockManager:
     def write_cost(self, seq: Sequence, start: int, end: int) -> int:
         """Fresh blocks that writing positions start..end-1 takes: growth plus copies of shared blocks."""
         bs, table = self.block_size, seq.block_table
+        start, end = start - seq.evicted, end - seq.evicted     # kv_eviction: cache positions
         cow = sum(1 for i in range(start // bs, min(len(table), -(-end // bs))) if self.ref_count[table[i]] > 1)
         return self.blocks_needed(seq, end) + cow
 
@@ -148,6 +152,7 @@ class BlockManager:
         A shared block is copied (copy-on-write); returns the (src, dst) block copies to perform."""
         copies, bs = [], self.block_size
         self.allocate(seq, end)
+        start, end = start - seq.evicted, end - seq.evicted     # kv_eviction: cache positions
         for i in range(start // bs, -(-end // bs)):
             b = seq.block_table[i]
             if self.ref_count[b] > 1:
@@ -185,6 +190,8 @@ class BlockManager:
         for b in child.block_table:
             self._ref(b)
         child.num_computed = parent.num_computed
+        child.evicted = parent.evicted
+        child.kv_scores = None if parent.kv_scores is None else parent.kv_scores.clone()
 
     def free_seq(self, seq: Sequence):
         for b in reversed(seq.block_table):
@@ -201,12 +208,26 @@ class BlockManager:
     def truncate(self, seq: Sequence, num_tokens: int):
         """Rollback (speculative decoding): keep only the blocks positions < num_tokens need; the blocks
         that held rejected draft tokens go back to the pool. The caller sets seq.num_computed."""
-        keep = -(-num_tokens // self.block_size)
+        keep = -(-(num_tokens - seq.evicted) // self.block_size)
         for b in reversed(seq.block_table[keep:]):
             self.ref_count[b] -= 1
             if self.ref_count[b] == 0:
                 self.free.append(b)     # a block past the computed tokens was never hashed
         del seq.block_table[keep:]
+
+    def drop_blocks(self, seq: Sequence, indices: list[int]) -> list[int]:
+        """kv_eviction (minillm.core.kv_eviction): the blocks at these indices of seq's table leave it, full blocks
+        only; the tokens after them move up to fill the gap (seq.evicted counts the tokens gone). -> freed ids."""
+        freed = []
+        for i in sorted(indices, reverse=True):
+            b = seq.block_table.pop(i)
+            self.ref_count[b] -= 1
+            if self.ref_count[b] == 0:
+                self.free.append(b)       # eviction excludes prefix caching: no block is named
+                freed.append(b)
+        seq.evicted += len(indices) * self.block_size
+        self.num_evicted += len(indices)
+        return freed
 
     # ------------------------------------------------------------------ swap
     def can_swap_out(self, seq: Sequence) -> bool:

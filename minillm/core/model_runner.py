@@ -60,9 +60,10 @@ def build_query(row: Row, draft: Optional[Draft]) -> Query:
 
 
 class ModelRunner:
-    def __init__(self, model, kv: KVCache, swap: Optional[SwapSpace] = None, hidden: bool = False):
+    def __init__(self, model, kv: KVCache, swap: Optional[SwapSpace] = None, hidden: bool = False, eviction=None):
         self.model, self.kv, self.swap = model, kv, swap
         self.hidden = hidden        # also return hidden states (a proposer reads them: Medusa)
+        self.eviction = eviction    # kv_eviction: cache indices, keys before RoPE, H2O's scores (core/kv_eviction.py)
 
     def move_blocks(self, batch: ScheduledBatch):
         """The block moves the scheduler decided: swaps first (a swap-in may read a swap block that a swap-out of
@@ -97,21 +98,32 @@ class ModelRunner:
         mask = torch.ones(B, T, T, dtype=torch.bool) if trees else None  # (B, T, T)
         select = []
         for b, (r, q) in enumerate(zip(rows, queries)):
-            n = len(q.tokens)
+            n, ev = len(q.tokens), r.seq.evicted       # eviction: a token's cache index is its position - evicted
             tokens[b, :n] = torch.tensor(q.tokens)
-            slots_at[b, :n] = torch.tensor(q.slots_at)
-            rope_at[b, :n] = torch.tensor(q.rope_at)
+            slots_at[b, :n] = torch.tensor(q.slots_at) - ev
+            rope_at[b, :n] = torch.tensor(q.rope_at) - ev
             valid[b, :n] = r.writes
             tables[b, :len(r.seq.block_table)] = torch.tensor(r.seq.block_table)
             if q.mask is not None:
                 mask[b, :n, :n] = q.mask
             select += [b * T + j for j in q.wanted + q.prompt]
-        context_lens = torch.tensor([r.start + len(q.tokens) for r, q in zip(rows, queries)])   # (B,)
+        context_lens = torch.tensor([r.start - r.seq.evicted + len(q.tokens) for r, q in zip(rows, queries)])  # (B,)
         attn = AttentionMetadata.build(slots_at, tables, context_lens, self.kv.block_size, valid)
         attn.tree_mask = mask
+        if self.eviction is not None:            # keys stored before RoPE, rotated at their cache index on read
+            attn.rope_on_read, attn.window = True, self.eviction.window
+            if self.eviction.scores:             # H2O: the attention probabilities each cached token receives
+                attn.received = torch.zeros(B, int(context_lens.max()))          # (B, S)
         res = self.model(tokens, rope_at, self.kv, attn, rows=torch.tensor(select, dtype=torch.long),
                          **({"return_hidden": True} if self.hidden else {}))
         logits, hidden = res if self.hidden else (res, None)            # (N, V), (N, C)
+        if attn.received is not None:
+            for b, r in enumerate(rows):
+                if r.writes:
+                    n, old = int(context_lens[b]), r.seq.kv_scores
+                    old = torch.zeros(0) if old is None else old[:n]           # (n_cache,) so far, at most n
+                    grown = torch.cat([old, torch.zeros(n - old.shape[0])])
+                    r.seq.kv_scores = grown + attn.received[b, :n]              # (n_cache,)
         at = 0
         for i, r, q in zip(index, rows, queries):
             if q.wanted:

@@ -28,8 +28,10 @@ from .sequence import Sequence, Status
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, clock: Callable[[], float], stops,
-                 policy: Optional[SchedulingPolicy] = None, slots: Optional[Callable[[Sequence], int]] = None):
+                 policy: Optional[SchedulingPolicy] = None, slots: Optional[Callable[[Sequence], int]] = None,
+                 eviction=None):
         self.config, self.block_manager, self.clock, self.stops = config, block_manager, clock, stops
+        self.eviction = eviction                  # kv_eviction: blocks leave after each step (core/kv_eviction.py)
         self.policy = policy or make_policy(config)
         self.order = getattr(self.policy, "order", None) or FCFS()   # who is preempted, who swaps in (core/orders.py)
         self.slots = slots or (lambda seq: 0)     # draft slots the proposer wants past a decode's newest token
@@ -69,6 +71,9 @@ class Scheduler:
             seq.metrics.first_scheduled_time = self.clock()
         self.running.append(seq)
         end = min(len(seq), seq.num_computed + budget) if chunk else len(seq)
+        if self.eviction is not None:                         # a long prompt in chunks, evicting in between
+            end = min(end, seq.num_computed + self.eviction.chunk)
+            bm.truncate(seq, end)                             # blocks for this chunk only: the pool stays flat
         batch.add(seq, seq.num_computed, end)
         return end - seq.num_computed
 
@@ -80,6 +85,8 @@ class Scheduler:
     def extend_one(self, batch: ScheduledBatch, seq: Sequence, budget=float("inf")) -> int:
         start = seq.num_computed
         end = int(min(len(seq), start + budget))
+        if self.eviction is not None:
+            end = min(end, start + self.eviction.chunk)
         if end <= start:
             return 0
         extra, bm = 0, self.block_manager
@@ -237,6 +244,8 @@ class Scheduler:
         self.block_manager.mark_computed(seq)            # full blocks become reusable prefixes
         if not finished:
             self.block_manager.truncate(seq, len(seq))   # blocks only rejected drafts used go back
+            if self.eviction is not None:
+                self.eviction.evict(self.block_manager, seq)   # blocks out of the window (or the lightest) leave
         return finished
 
     def finish(self, seq: Sequence, reason: Optional[str] = None, error: Optional[str] = None, pad: bool = False):

@@ -51,6 +51,8 @@ class Sequence:
         self.block_table: list[int] = []
         self.swap_table: list[int] = []   # its blocks in the swap pool while swapped out
         self.num_computed = 0         # tokens whose K/V are in the cache
+        self.evicted = 0              # kv_eviction: tokens whose blocks left the cache (cache index: position - this)
+        self.kv_scores = None         # kv_eviction h2o: (n_cache,) attention probability each cached token received
         self.finish_reason: Optional[str] = None
         self.stop_reason = None       # the stop string or token id that ended it
         self.error: Optional[str] = None  # finish_reason "error": what went wrong with this request

@@ -76,7 +76,7 @@ class Trace:
         written = {r.seq.seq_id: r.end + r.lookahead for r in batch.rows if r.writes}
         fill, owners = {}, {}  # tokens written in each physical block (a shared block counts once); its owners
         for s in scheduler.running + scheduler.padding:
-            n = written.get(s.seq_id, s.num_computed)
+            n = written.get(s.seq_id, s.num_computed) - s.evicted   # kv_eviction: tokens in the cache
             for i, b in enumerate(s.block_table):
                 fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
                 owners[b] = owners.get(b, 0) + 1
@@ -152,6 +152,6 @@ def block_snapshot(scheduler) -> BlockSnapshot:
     for s in scheduler.running + scheduler.padding:
         for i, b in enumerate(s.block_table):
             owners[b].append(s.seq_id)
-            filled[b] = max(filled[b], min(bs, max(0, s.num_computed - i * bs)))
+            filled[b] = max(filled[b], min(bs, max(0, s.num_computed - s.evicted - i * bs)))
     cached = [bool(getattr(bm, "is_cached", lambda b: False)(b)) for b in range(bm.num_blocks)]
     return BlockSnapshot(bm.num_blocks, bs, owners, filled, cached)

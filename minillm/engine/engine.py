@@ -26,6 +26,7 @@ from typing import Callable, Optional
 from ..core.batch import ScheduledBatch
 from ..core.beam import BeamGroup, BeamOptions, beam_step
 from ..core.detokenizer import Detokenizer
+from ..core.kv_eviction import make_eviction
 from ..core.logprobs import check_logprobs
 from ..core.logprobs import record as record_logprobs
 from ..core.model_runner import ModelRunner
@@ -50,10 +51,12 @@ class LLMEngine:
         self.backend, self.backend_choice = self.config.backend, parts.backend_choice  # e.g. "numba", and why
         self.clock = clock or time.perf_counter
         auto_threads()     # unless a thread count was chosen: the cores free now (a busy core makes a pool spin-wait)
-        self.scheduler = Scheduler(self.config, self.block_manager, self.clock,
-                                   Detokenizer(self.tokenizer, self.config.max_model_len),
-                                   parts.policy, slots=self.proposer.num_slots)
-        self.runner = ModelRunner(parts.forward, self.kv, parts.swap, hidden=self.proposer.needs_hidden)
+        self.eviction = make_eviction(self.config.kv_eviction)   # None, or who leaves the cache (core/kv_eviction.py)
+        limit = self.config.max_model_len if self.eviction is None else 2**62   # eviction: generate past the context
+        self.scheduler = Scheduler(self.config, self.block_manager, self.clock, Detokenizer(self.tokenizer, limit),
+                                   parts.policy, slots=self.proposer.num_slots, eviction=self.eviction)
+        self.runner = ModelRunner(parts.forward, self.kv, parts.swap, hidden=self.proposer.needs_hidden,
+                                  eviction=self.eviction)
         self.trace = Trace(self.config.trace, block_bytes=self.kv.nbytes // self.kv.num_blocks,
                            block_size=self.kv.block_size)
         self.requests: dict[str, Request] = {}

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..backends.capabilities import backend_model, check_backend, choose_backend
+from ..backends.capabilities import backend_model, check_backend, choose_backend, sparsity_kind
 from ..config import EngineConfig
 from ..core.block_manager import BlockManager
 from ..core.policies import SchedulingPolicy, make_policy
@@ -42,6 +42,7 @@ class Parts:
     verify: Callable
     quant_report: Optional[dict] = None
     backend_choice: str = ""        # which backend runs the forward, and why (backend="auto" says what it skipped)
+    sparsity_report: Optional[dict] = None  # minillm.quantization.prune's: zeros per layer, bytes
 
 
 def check_combinations(config: EngineConfig, model=None):
@@ -53,6 +54,11 @@ def check_combinations(config: EngineConfig, model=None):
     config = replace(config, backend=backend)
     check_backend(config, spec.method if spec else None)
     check_order(config)
+    check_eviction(config)
+    if config.sparsity and config.quantization and sparsity_kind(config.sparsity) == "2:4":
+        raise ValueError(f"sparsity pattern '2:4' is stored as its own weight type (values + 2-bit indices); it does "
+                         f"not combine with quantization={config.quantization!r} (an unstructured or other N:M "
+                         f"pattern does: its zeros are quantized as zeros)")
     if spec is None:
         return config, None, choice
     if config.batching != "continuous":
@@ -62,6 +68,17 @@ def check_combinations(config: EngineConfig, model=None):
         raise ValueError("speculative method 'medusa' reads the target's float hidden states; it does not combine "
                          f"with quantization={config.quantization!r}")
     return config, spec, choice
+
+
+def check_eviction(config: EngineConfig):
+    """kv_eviction's cache (sinks + window + a chunk + two partial blocks) must fit in the model's context, whose
+    RoPE positions the cache indices use (minillm.core.kv_eviction)."""
+    from ..core.kv_eviction import CHUNK
+    ev = config.kv_eviction
+    if ev is not None and ev["sinks"] + ev["window"] + CHUNK + 2 * config.block_size > config.max_model_len:
+        raise ValueError(f"EngineConfig.kv_eviction sinks={ev['sinks']} + window={ev['window']} (+ a chunk of {CHUNK} "
+                         f"and 2 blocks of {config.block_size}) do not fit in max_model_len={config.max_model_len}: "
+                         f"lower the window")
 
 
 def check_order(config: EngineConfig):
@@ -84,7 +101,10 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
     """model: a Transformer from minillm.load (already in config.dtype); tokenizer: its tokenizer."""
     from ..quantization.quantize import quantize_model
     config, spec, choice = check_combinations(config.with_model(model.config), model)
-    quant_report = None
+    quant_report = sparsity_report = None
+    if config.sparsity:                # pruned first, so that a quantizer sees (and keeps) the zeros
+        from ..quantization.prune import prune_model
+        model, sparsity_report = prune_model(model, config.sparsity, tokenizer)
     if config.quantization:            # a quantized copy: the caller's model is left as it was
         model, quant_report = quantize_model(model, config.quantization, config.quant_config, tokenizer)
     model.ensure_rope(config.max_model_len)
@@ -102,7 +122,7 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
         proposer = _proposer(spec, model, tokenizer, config, kv) if spec else Proposer()
     policy = policy or make_policy(config, kv.num_blocks * config.block_size)   # lpm's tree: the pool's tokens
     return Parts(config, model, tokenizer, forward, kv, SwapSpace(kv, swap_blocks) if swap_blocks else None, bm,
-                 policy, proposer, verify or verify_sampled, quant_report, choice)
+                 policy, proposer, verify or verify_sampled, quant_report, choice, sparsity_report)
 
 
 def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Proposer:

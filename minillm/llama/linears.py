@@ -5,6 +5,7 @@ minillm.quantization; llama2.c's runq files hold Q8_0 weights (minillm.formats.r
 
     int8  per output channel:  w_q (N, K) int8, scales (N,) fp32           W ~ scales[:, None] * w_q
     int4  group-wise (G):      w_packed (N, K/2) uint8, scales (N, K/G)    W ~ scale of k's group * (nibble - 8)
+    2:4   sparse:              values (N, K/2) fp32, meta (N, K/8) uint8  2 of every 4 inputs, 2-bit positions
 
 The layouts are DESIGN.md's, shared with minillm.kernels.quant_gemv, whose quantizers these use (each
 returns its own max abs error). Why it pays: decoding reads every weight once per token, so its time
@@ -22,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..kernels.quant_gemv import int4_gemv_rows, int8_gemv_rows, quantize_int4, quantize_int8
+from ..kernels.sparse24 import compress_24, decompress_24, sparse24_gemv_rows
 
 
 class Int8Linear(nn.Module):
@@ -182,6 +184,35 @@ class AWQLinear(Int4Linear):
 
     def forward(self, x):
         return super().forward(x / self.smooth)
+
+
+class Sparse24Linear(nn.Module):
+    """A 2:4 sparse weight (minillm.kernels.sparse24's layout): the 2 kept values of every group of 4 inputs and
+    their 2-bit positions. Made by minillm.quantization.prune from a weight already pruned to 2:4 (exact: no error)."""
+
+    def __init__(self, values: torch.Tensor, meta: torch.Tensor):
+        super().__init__()
+        self.register_buffer("values", values)    # (N, K/2) float32, 2 per group of 4 inputs
+        self.register_buffer("meta", meta)        # (N, K/8) uint8, 4 two-bit positions per byte
+        self.in_features, self.out_features = 2 * values.shape[1], values.shape[0]
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear):
+        """-> (Sparse24Linear, max abs error): 0.0, as the weight must already be 2:4 (ValueError otherwise)."""
+        values, meta = compress_24(linear.weight.detach().float().numpy())
+        return cls(torch.from_numpy(values), torch.from_numpy(meta)), 0.0
+
+    def dequantize(self, dtype=torch.float32):
+        """The dense weight, (N, K), zeros where pruned."""
+        return torch.from_numpy(decompress_24(self.values.numpy(), self.meta.numpy())).to(dtype)
+
+    def forward(self, x):                                                           # (..., K) -> (..., N)
+        if _one_row(x):
+            y = np.empty((1, self.out_features), np.float32)                        # (1, N)
+            sparse24_gemv_rows(x.detach().reshape(1, -1).contiguous().numpy(), self.values.numpy(),
+                               self.meta.numpy(), y)
+            return torch.from_numpy(y).view(*x.shape[:-1], self.out_features)
+        return F.linear(x, self.dequantize(x.dtype))
 
 
 def _one_row(x) -> bool:

@@ -10,6 +10,7 @@ RMSNorm eps 1e-5, RoPE on pairs (2j, 2j+1), attention scaled by 1/sqrt(D), w2(si
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Optional
 
 import numpy as np
@@ -58,6 +59,14 @@ def apply_rope(x, cos, sin):
     return out.flatten(-2)                               # (B, T, H, D), pairs back in place
 
 
+def rotate_keys(cos_table, sin_table, k):
+    """kv_eviction stores keys before RoPE (minillm.core.kv_eviction): the gathered keys k (B, S, Hkv, D) rotated at
+    their cache index 0 .. S - 1. cos_table, sin_table: (S', D/2) with S' >= S."""
+    B, S = k.shape[:2]
+    cos, sin = (t[:S].to(k.dtype).expand(B, S, -1) for t in (cos_table, sin_table))   # (B, S, D/2)
+    return apply_rope(k, cos, sin)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
@@ -74,7 +83,9 @@ class Attention(nn.Module):
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)      # (B, T, H, D)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)   # (B, T, Hkv, D)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)   # (B, T, Hkv, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = apply_rope(q, cos, sin)
+        if attn is None or not attn.rope_on_read:     # kv_eviction stores keys before RoPE (minillm.core.kv_eviction)
+            k = apply_rope(k, cos, sin)
         if kv is None:
             y = causal_attention(q, k, v, self.dropout if self.training else 0.0)  # (B, T, H, D)
         else:
@@ -183,6 +194,8 @@ class Transformer(nn.Module):
         x = self.drop(self.tok_embeddings(tokens))                     # (B, T, C)
         cos = self.rope_cos[positions].to(x.dtype)                     # (B, T, D/2)
         sin = self.rope_sin[positions].to(x.dtype)                     # (B, T, D/2)
+        if attn is not None and attn.rope_on_read:                     # keys rotated as attention reads them
+            attn.rope = partial(rotate_keys, self.rope_cos, self.rope_sin)
         for layer in self.layers:
             x = layer(x, cos, sin, kv, attn)                           # (B, T, C)
         if rows is not None:

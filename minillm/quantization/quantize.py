@@ -11,6 +11,7 @@ from ..config import INT4_GROUPS, QUANTIZATION_SCHEMES
 from ..llama.linears import Int4Linear, Int8Linear, Q80Linear, W8A8Linear, q80_group_size, q80_quantize
 from .awq import awq_quantize
 from .calibration import activation_absmax, calibration_ids, linear_inputs, smoothing_factors
+from .gptq import gptq_from_config
 
 SCHEMES = QUANTIZATION_SCHEMES                     # every scheme quantize_model builds (EngineConfig's list)
 
@@ -21,6 +22,8 @@ def quantize_model(model: nn.Module, scheme: str, quant_config: dict | None = No
     maps each replaced module's name to its max abs weight error, plus the weight bytes before/after."""
     if scheme not in SCHEMES:
         raise ValueError(f"quantization={scheme!r} is not available in this build; built: {', '.join(SCHEMES)}")
+    if scheme == "gptq":                           # Hessian-based int4, its own options (minillm.quantization.gptq)
+        return gptq_from_config(model, quant_config, tokenizer)
     cfg = dict(quant_config or {})
     group = cfg.pop("group_size", 32)
     alpha = float(cfg.pop("alpha", 0.5))
