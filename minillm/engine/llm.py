@@ -50,9 +50,17 @@ class LLM:
         prio, clients = _per_prompt("priority", priority, len(prompts)), _per_prompt("client", client, len(prompts))
         requests = [engine.make_request(p, sp, priority=pr, client=c)                # all validated before any runs
                     for p, sp, pr, c in zip(prompts, plist, prio, clients)]
+        done = self._run(requests, "generate", use_tqdm)
+        return [done[r.request_id] for r in requests]
+
+    def _run(self, requests: list, desc: str, use_tqdm: bool) -> dict:
+        """Queue validated requests and step the engine until all have finished. -> request_id: RequestOutput.
+        If a step raises (an interrupt, a failing model), these requests are aborted, their blocks freed, and the
+        exception re-raised: the engine stays usable."""
+        engine = self.engine
         ids = [engine.enqueue(r) for r in requests]
         wanted, done = set(ids), {}
-        bar = progress(len(ids), desc="generate", enabled=use_tqdm)
+        bar = progress(len(ids), desc=desc, enabled=use_tqdm)
         engine.scheduler.expect_arrivals = False       # every request is known: no batching window to wait out
         try:
             while wanted - done.keys():
@@ -69,7 +77,7 @@ class LLM:
         finally:
             engine.scheduler.expect_arrivals = True
             bar.close()
-        return [done[i] for i in ids]
+        return done
 
     def beam_search(self, prompts: Union[str, list], beam_width: int, max_tokens: int, *, length_penalty: float = 1.0,
                     ignore_eos: bool = False, use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -86,25 +94,7 @@ class LLM:
         engine = self.engine
         requests = [engine.make_beam_request(p, beam_width, max_tokens, length_penalty=length_penalty,
                                              ignore_eos=ignore_eos) for p in prompts]   # all validated first
-        ids = [engine.enqueue(r) for r in requests]
-        wanted, done = set(ids), set()
-        bar = progress(len(ids), desc="beam_search", enabled=use_tqdm)
-        engine.scheduler.expect_arrivals = False
-        try:
-            while wanted - done:
-                engine.step()
-                for out in engine.pop_finished():
-                    done.add(out.request_id)
-                    bar.update(1)
-        except BaseException:                            # as generate: this call's requests aborted, blocks freed
-            for rid in wanted - done:
-                if rid in engine.requests:
-                    engine.abort(rid)
-                    engine.requests.pop(rid)
-            raise
-        finally:
-            engine.scheduler.expect_arrivals = True
-            bar.close()
+        self._run(requests, "beam_search", use_tqdm)    # as generate: aborted and freed if a step raises
         return [r.beam.result() for r in requests]
 
 

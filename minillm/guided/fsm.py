@@ -114,6 +114,21 @@ class _NFA:
         return frozenset(seen)
 
 
+def distances_to_accept(preds: list, accepting: np.ndarray, unreachable: int) -> np.ndarray:
+    """(S,) fewest edges from each state to an accepting one (unreachable where none): a breadth-first search
+    backwards from the accepting states. preds[t]: the states with an edge into t (bytes here, tokens in
+    token_index)."""
+    dist = np.where(accepting, 0, unreachable).astype(np.int64)
+    queue = deque(np.flatnonzero(accepting).tolist())
+    while queue:
+        t = queue.popleft()
+        for s in preds[t]:
+            if dist[s] > dist[t] + 1:
+                dist[s] = dist[t] + 1
+                queue.append(s)
+    return dist
+
+
 # ---------------------------------------------------------------------------- the DFA
 class DFA:
     """trans (S, 256) int32 (-1: dead), accepting (S,) bool, start state 0."""
@@ -173,19 +188,11 @@ class DFA:
         """(S,) the fewest bytes from each state to an accepting one (computed once)."""
         if self._byte_dist is not None:
             return self._byte_dist
-        dist = np.where(self.accepting, 0, np.iinfo(np.int32).max).astype(np.int64)
         preds = [[] for _ in range(self.num_states)]
         for s, t in zip(*np.nonzero(self.trans >= 0)):
             preds[int(self.trans[s, t])].append(int(s))
-        queue = deque(np.flatnonzero(self.accepting).tolist())
-        while queue:
-            t = queue.popleft()
-            for s in preds[t]:
-                if dist[s] > dist[t] + 1:
-                    dist[s] = dist[t] + 1
-                    queue.append(s)
-        self._byte_dist = dist
-        return dist
+        self._byte_dist = distances_to_accept(preds, self.accepting, np.iinfo(np.int32).max)
+        return self._byte_dist
 
     def sample(self, rng: np.random.Generator, stop: float = 0.3, max_len: int = 64) -> bytes:
         """A random accepted byte string: random bytes, stopping at an accepting state with probability `stop`,

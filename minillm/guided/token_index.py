@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 import numpy as np
 import torch
 
 from ..llama.tokenizer import BOS, EOS, UNK, Tokenizer
-from .fsm import DFA, compile_dfa
+from .fsm import DFA, compile_dfa, distances_to_accept
 from .regex import RegexError
 
 UNREACHABLE = np.iinfo(np.int32).max
@@ -130,15 +130,7 @@ class TokenIndex:
         for s in range(n):
             for t in np.unique(nxt[s][nxt[s] >= 0]):
                 preds[t].append(s)
-        dist = np.where(self.accepting, 0, UNREACHABLE).astype(np.int64)
-        queue = deque(np.flatnonzero(self.accepting).tolist())
-        while queue:
-            t = queue.popleft()
-            for s in preds[t]:
-                if dist[s] > dist[t] + 1:
-                    dist[s] = dist[t] + 1
-                    queue.append(s)
-        return dist
+        return distances_to_accept(preds, self.accepting, UNREACHABLE)
 
     # ------------------------------------------------------------------ per step
     def next_state(self, state: int, token: int) -> int:
