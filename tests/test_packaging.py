@@ -2,6 +2,7 @@
 minillm), so a new subpackage left out of the list would be missing from a built wheel while an editable install
 hides it. This test builds nothing: it compares the list with the folders that hold an __init__.py."""
 import os
+
 import tomllib
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
