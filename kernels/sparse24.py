@@ -6,7 +6,7 @@ index each saying where in its group of 4 the value sits:
 
     values (N, K/2) float32      value v of row n belongs to group v // 2 (inputs 4 (v // 2) .. 4 (v // 2) + 3)
     meta   (N, K/8) uint8        byte b holds the 2-bit indices of values 4b .. 4b + 3, lowest bits first:
-                                 idx(v) = (meta[n, v // 4] >> 2 (v % 4)) & 3, so value v multiplies x[4 (v // 2) + idx(v)]
+                                 idx(v) = (meta[n, v // 4] >> 2 (v % 4)) & 3; value v multiplies x[4 (v // 2) + idx(v)]
 
 That is 2K + K/8 bytes per row instead of 4K: 0.53x of dense float32 (the GPU format stores fp16 values and
 the same 2-bit indices). Why it pays at batch 1: decode reads every weight once per token, so half the values
@@ -18,7 +18,6 @@ import numpy as np
 from numba import njit, prange
 
 from . import check_array
-
 
 # ----------------------------------------------------------------------------- layout (numpy)
 

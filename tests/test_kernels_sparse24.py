@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 from close import assert_close
 from minillm.kernels.sparse24 import compress_24, decompress_24, dense_gemv_rows, sparse24_gemv_cpu, sparse24_gemv_rows
+
 from minillm.llama.linears import Sparse24Linear
 
 

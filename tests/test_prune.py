@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+
 from minillm import LLM, SamplingParams
 from minillm.bench.quant import held_out_windows, pool_loss
 from minillm.config import EngineConfig
@@ -97,7 +98,10 @@ def test_wanda_is_blind_to_a_rescaling_that_misleads_magnitude(shipped):
         return math.exp(pool_loss(prune_model(m, {"method": method, "pattern": 0.5}, tok, norms=n)[0], x, y))
     # the two Wanda runs differ only where float rounding swapped a near tie: 1e-3 relative is > 10x what we see
     assert abs(ppl(twin, "wanda", twin_norms) / ppl(model, "wanda", norms) - 1) < 1e-3
-    assert ppl(twin, "magnitude", None) > ppl(model, "magnitude", None)
+    cols = [3, 77, 150]                                                      # with_outlier_channels' channels
+    kept = {k: prune_mask(scores(m.layers[2].attention.wq.weight, "magnitude"), 0.5)[:, cols].float().mean().item()
+            for k, m in (("shipped", model), ("twin", twin))}
+    assert kept["shipped"] > 0.3 and kept["twin"] == 0.0                   # magnitude drops the 60x smaller columns
 
 
 def test_engine_runs_2_4_on_torch_and_matches_the_pruned_dense_model(shipped):

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 
 from ..formats.loader import load
 from ..kernels.sparse24 import compress_24, dense_gemv_rows, sparse24_gemv_rows
-from ..threads import auto_threads
 from ..quantization.calibration import with_outlier_channels
 from ..quantization.prune import input_norms, prune_mask, prune_model, scores
+from ..threads import auto_threads
 from .quant import held_out_windows, last_level_cache_bytes, pool_loss
 
 SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)

@@ -27,7 +27,8 @@ def _mask(fn, w, x, sparsity, case):
     """The student's mask for weight w (N, K) and rows x (R, K), checked for shape and dtype."""
     out = fn(w.clone(), x.clone(), sparsity)
     assert isinstance(out, torch.Tensor), f"{case}: return a torch tensor (the mask), got {type(out).__name__}"
-    assert out.shape == w.shape, f"{case}: the mask has shape {tuple(out.shape)}, expected the weight's {tuple(w.shape)}"
+    assert out.shape == w.shape, \
+        f"{case}: the mask has shape {tuple(out.shape)}, expected the weight's {tuple(w.shape)}"
     assert out.dtype == torch.bool, f"{case}: the mask is {out.dtype}, expected torch.bool (True = weight kept)"
     return out
 
