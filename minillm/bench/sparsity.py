@@ -95,7 +95,7 @@ def gemv_speed(N: int = 2048, K: int = 2048, repeats: int = 7, layers: int | Non
 
 def bench_sparsity(model: str = "shakespeare", tokenizer=None, quick: bool = False) -> dict:
     if quick:
-        ppl = perplexity_sweep(model, tokenizer, windows=2, sparsities=(0.5,), outliers=(0.5,))
+        ppl = perplexity_sweep(model, tokenizer, windows=1, sparsities=(0.5,), outliers=())   # a smoke test
         speed = gemv_speed(1024, 1024, repeats=3, layers=4)
     else:
         ppl, speed = perplexity_sweep(model, tokenizer), gemv_speed()
