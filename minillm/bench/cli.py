@@ -1,6 +1,8 @@
-"""`python -m minillm bench decode | batched | serve | sched | quant | spec | guided`: batch-1 decode speed; batched
-decode beside llama2.c's run.c and against torch's own matmul FLOP/s; a serving workload under several settings; the
-scheduling orders on heavy-tailed traces; structured output (validity, mask cost, jump-forward, outlines-core).
+"""`python -m minillm bench decode | batched | peers | serve | sched | quant | gptq | sparsity | longctx | spec |
+guided`: batch-1 decode speed; batched decode beside llama2.c's run.c and against torch's own matmul FLOP/s; a
+serving workload under several settings; the scheduling orders on heavy-tailed traces; quantization, GPTQ and
+pruning against perplexity; KV eviction against perplexity; structured output (validity, mask cost, jump-forward,
+outlines-core).
 Warm-up excluded, medians of several runs, every ratio measured side by side in one run."""
 from __future__ import annotations
 
