@@ -59,3 +59,26 @@ def test_bad_code_fails_cleanly_and_the_next_attempt_passes():
     assert "expected the weight's" in check_wanda_mask(wrong_shape).message
     assert not check_wanda_mask(lambda weight, x: None)                     # wrong signature
     assert check()
+
+
+def nm_mask(score, n, m, lowest=False, columns=False):
+    """The warm-up's solution, with the common mistakes as switches."""
+    if columns:
+        return nm_mask(score.t().contiguous(), n, m).t()
+    N, K = score.shape
+    groups = (-score if lowest else score).reshape(N, K // m, m)
+    keep = torch.sort(groups, dim=-1, descending=True, stable=True).indices[..., :n]
+    return torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, keep, True).reshape(N, K)
+
+
+def test_nm_mask_checker_passes_the_solution_and_names_the_mistakes():
+    from minillm.labs import check_nm_mask
+    assert check_nm_mask(nm_mask).passed
+    lowest = check_nm_mask(lambda s, n, m: nm_mask(s, n, m, lowest=True))
+    assert not lowest.passed and "LOWEST" in lowest.message, lowest
+    inverted = check_nm_mask(lambda s, n, m: ~nm_mask(s, n, m))
+    assert not inverted.passed and "inverted" in inverted.message, inverted
+    raises = check_nm_mask(lambda s, n, m: 1 / 0)
+    assert not raises.passed and "ZeroDivisionError" in raises.message, raises
+    columns = check_nm_mask(lambda s, n, m: nm_mask(s, n, m, columns=True))
+    assert not columns.passed and ("column" in columns.message or "group keeps" in columns.message), columns

@@ -93,3 +93,34 @@ def check_wanda_mask(fn):
     assert mine < 2 * dense, f"perplexity {dense:.2f} dense -> {mine:.2f} with your masks at 50%"
     return (f"your masks are the engine's (minillm.quantization.prune) on all {layers} transformer linears of "
             f"the shipped model: held-out perplexity {dense:.2f} dense -> {mine:.2f} at 50% (one window of 256)")
+
+
+@checker(signature="score, n, m")
+def check_nm_mask(fn):
+    """Warm-up: the N:M mask, (N, K) bool, keeping the n highest scores of every m consecutive inputs of a row
+    (ties to the lower input index, as minillm.quantization.prune.prune_mask)."""
+    from ..quantization.prune import prune_mask
+    g = torch.Generator().manual_seed(13)
+    for N, K, n, m in [(4, 8, 2, 4), (5, 16, 2, 4), (3, 12, 1, 3), (2, 16, 4, 8)]:
+        score = torch.randn(N, K, generator=g)                                      # (N, K)
+        case = f"{n}:{m} on a ({N}, {K}) score"
+        out = fn(score.clone(), n, m)
+        assert isinstance(out, torch.Tensor) and out.shape == (N, K), \
+            f"{case}: return a (N, K) = ({N}, {K}) tensor, got {type(out).__name__} {tuple(getattr(out, 'shape', ()))}"
+        assert out.dtype == torch.bool, f"{case}: the mask is {out.dtype}, expected torch.bool (True = kept)"
+        want = prune_mask(score, f"{n}:{m}")
+        if torch.equal(out, want):
+            continue
+        groups = out.reshape(N, K // m, m).sum(-1)                                  # (N, K/M) kept per group
+        low = prune_mask(-score, f"{n}:{m}")
+        assert not (torch.equal(out, ~want) or torch.equal(out, low)), \
+            f"{case}: the LOWEST scores of each group were kept (or the mask is inverted): keep the n highest, " \
+            "True marking a weight kept"
+        assert not (groups == m - n).all() or n == m - n, \
+            f"{case}: each group keeps {m - n}, not {n}: keep the n HIGHEST, drop the other m - n"
+        columns = prune_mask(score.t().contiguous(), f"{n}:{m}").t() if N % m == 0 else None
+        assert columns is None or not torch.equal(out, columns), \
+            f"{case}: groups were taken down a column: N:M groups are m consecutive INPUTS of one row (dim 1)"
+        assert (groups == n).all(), f"{case}: a group keeps {groups.flatten().tolist()[:6]}... weights, not {n} each"
+        assert False, f"{case}: the right count per group, but not the n highest scores of each m consecutive inputs"
+    return "the n highest of every m consecutive inputs, per row, on 2:4, 1:3 and 4:8"
