@@ -132,3 +132,20 @@ def test_forced_bytes_edges_and_distances():
     labels = {(a, b): r for a, b, r in dfa.edges()}
     assert labels[(0, 1)] == [(ord("{"), ord("{"))]
     assert all(dfa.match(dfa.sample(np.random.default_rng(i))) for i in range(20))
+
+
+def test_deep_nesting_is_refused_not_a_recursion_error():
+    """A pattern or a schema nested past the limits is a user's ValueError naming the limit (the parser and the NFA
+    builder recurse once per level: without the limit, ~250 groups raised RecursionError and could stop a server)."""
+    import pytest
+
+    from minillm.guided import schema_to_regex
+    from minillm.guided.fsm import compile_dfa
+    compile_dfa("(" * 99 + "a" + ")" * 99)                       # within the limit: compiles
+    with pytest.raises(ValueError, match="nested more than 100 deep"):
+        compile_dfa("(" * 300 + "a" + ")" * 300)
+    schema = {"type": "integer"}
+    for _ in range(40):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"], "additionalProperties": False}
+    with pytest.raises(ValueError, match="nests deeper than"):
+        schema_to_regex(schema)

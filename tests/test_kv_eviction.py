@@ -184,3 +184,19 @@ def test_h2o_keeps_its_budget_and_generates(full):
     used = [s.blocks_used for s in llm.engine.trace.steps]
     assert llm.engine.block_manager.num_evicted > 0
     assert max(used[-20:]) <= -(-(96 + 16) // 16) + 1              # budget + a block over, + the one being written
+
+
+def test_freeing_a_sequence_forgets_its_evictions():
+    """A preempted (recomputed) sequence's K/V are gone: its eviction count and H2O scores restart at 0, so the
+    scheduler's room check counts its whole first chunk again (a stale count made it under-ask and crash)."""
+    import torch
+
+    from minillm.core.block_manager import BlockManager
+    from minillm.core.sampling import SamplingParams
+    from minillm.core.sequence import Sequence
+    bm = BlockManager(16, 4)
+    seq = Sequence(0, "r", 0, list(range(1, 30)), SamplingParams(), 0, 0.0)
+    bm.allocate(seq, len(seq))
+    seq.evicted, seq.kv_scores = 8, torch.ones(21)
+    bm.free_seq(seq)
+    assert seq.evicted == 0 and seq.kv_scores is None and bm.num_free == 16

@@ -205,6 +205,16 @@ def test_a_client_leaving_a_non_streaming_request_aborts_it_too(server):
     assert after["aborted"] == before["aborted"] + 1 and after["free_blocks"] == after["num_blocks"]
 
 
+def test_json_object_and_a_too_deep_pattern_are_400_and_the_server_keeps_serving(server, client, refs):
+    """response_format json_object (any JSON object) is outside guided_json's subset: refused, named. A pattern
+    nested past the parser's limit is a 400 too, never an exception that stops the engine loop."""
+    chat = {"model": MODEL, "messages": CHAT, "max_tokens": 8, "response_format": {"type": "json_object"}}
+    assert "json_object" in error_of(post(server, chat, "/v1/chat/completions"))["message"]
+    deep = {"model": MODEL, "prompt": "hi", "max_tokens": 8, "guided_regex": "(" * 300 + "a" + ")" * 300}
+    assert "nested more than" in error_of(post(server, deep))["message"]
+    test_completions_equal_generate(client, refs)                  # and the loop still serves
+
+
 def test_a_failing_step_ends_its_requests_with_an_error_and_the_server_goes_on(server, client, llm, refs):
     runner, real = llm.engine.runner, llm.engine.runner.run
     calls = []
@@ -269,3 +279,4 @@ def test_stopping_the_server_mid_stream_hands_back_a_clean_engine(llm, refs, ser
     assert not llm.engine.requests and not llm.engine.has_unfinished_requests()
     assert llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks
     assert llm.generate("ROMEO:", GREEDY)[0].text == refs["romeo"].text   # LLM.generate works as before
+

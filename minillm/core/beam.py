@@ -194,6 +194,9 @@ class BeamGroup:
             parent = self.live[b]
             self.add(Hypothesis(beam_score(score, length - 1, self.options.length_penalty), score,
                                 parent.output_ids + [t], "stop", t))
+        if not kept:                                       # every top candidate ended: nothing left to extend
+            self.finish_all(sched, "stop")
+            return []
         if length >= self.max_tokens or self.beats_live(max(s for _, _, s in kept), length):
             if length >= self.max_tokens:
                 for b, t, score in kept:

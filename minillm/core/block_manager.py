@@ -110,10 +110,11 @@ class BlockManager:
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(seq, num_tokens) <= self.num_free
 
-    def allocate_prompt(self, seq: Sequence) -> int:
-        """Blocks for a sequence about to be prefilled from scratch. With prefix caching, leading full blocks
-        already cached are shared instead; returns how many tokens need no computing (always leaving the
-        last token to compute, since its logits are needed)."""
+    def allocate_prompt(self, seq: Sequence, num_tokens: Optional[int] = None) -> int:
+        """Blocks for a sequence about to be prefilled from scratch (its first num_tokens tokens; default all: with
+        kv_eviction only the first chunk's). With prefix caching, leading full blocks already cached are shared
+        instead; returns how many tokens need no computing (always leaving the last token to compute, since its
+        logits are needed)."""
         assert not seq.block_table, "allocate_prompt is for a sequence that holds no blocks"
         ids, bs = seq.token_ids, self.block_size
         hits = 0
@@ -127,7 +128,7 @@ class BlockManager:
                 self._ref(b)
                 seq.block_table.append(b)
                 hits += bs
-        self.allocate(seq, len(seq))
+        self.allocate(seq, max(hits, num_tokens or len(seq)))
         self.prefix_hits += hits
         seq.num_computed = hits
         return hits
@@ -204,6 +205,7 @@ class BlockManager:
                     self.free.append(b)
         seq.block_table = []
         seq.num_computed = 0
+        seq.evicted, seq.kv_scores = 0, None          # its K/V are gone: a recompute starts from token 0
 
     def truncate(self, seq: Sequence, num_tokens: int):
         """Rollback (speculative decoding): keep only the blocks positions < num_tokens need; the blocks

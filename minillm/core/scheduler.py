@@ -62,10 +62,12 @@ class Scheduler:
     # ------------------------------------------------------------------ the mechanism policies use
     def admit(self, batch: ScheduledBatch, seq: Sequence, budget, chunk: bool = False) -> int:
         bm = self.block_manager
-        if len(self.running) >= self.config.max_num_seqs or not bm.can_allocate(seq, len(seq) + 1):
+        first = len(seq) if self.eviction is None else min(len(seq), self.eviction.chunk)   # eviction: chunk 1 only
+        if len(self.running) >= self.config.max_num_seqs or not bm.can_allocate(seq, first + 1):
             return 0
         self.waiting.remove(seq)
-        seq.metrics.num_cached_tokens += bm.allocate_prompt(seq)   # prefix-cache hits need no computing
+        hits = bm.allocate_prompt(seq) if self.eviction is None else bm.allocate_prompt(seq, first)
+        seq.metrics.num_cached_tokens += hits                      # prefix-cache hits need no computing
         seq.status = Status.RUNNING
         if seq.metrics.first_scheduled_time is None:
             seq.metrics.first_scheduled_time = self.clock()

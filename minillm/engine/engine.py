@@ -225,11 +225,14 @@ class LLMEngine:
         """Undo what a step did before its update if anything in it raises (KeyboardInterrupt included)."""
         seqs = [r.seq for r in batch.rows if r.writes] + [c for _, c in batch.forks]
         saved = [(s, s.generator.get_state()) for s in seqs if not s.params.greedy]
+        scores = [(s, s.kv_scores.clone()) for s in seqs if s.kv_scores is not None]   # H2O's attention sums
         try:
             yield
         except BaseException:
             for s, state in saved:
                 s.generator.set_state(state)
+            for s, kept in scores:
+                s.kv_scores = kept
             self.scheduler.rollback(batch)
             for s in seqs:
                 self.proposer.rollback(s, s.num_computed)

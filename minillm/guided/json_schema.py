@@ -62,6 +62,8 @@ def schema_to_regex(schema) -> str:
     return _value(schema, "#")
 
 
+MAX_PATH_DEPTH = 24        # /properties/x or /items steps: a few levels of nesting, as real schemas have
+
 def _fail(path: str, what: str) -> ValueError:
     return ValueError(f"guided_json: {what} (at {path})")
 
@@ -71,6 +73,8 @@ def _literal(value) -> str:
 
 
 def _value(schema, path: str) -> str:
+    if path.count("/") > MAX_PATH_DEPTH:      # compiling recurses once per level: refuse, never overflow
+        raise _fail(path, f"the schema nests deeper than {MAX_PATH_DEPTH} path steps")
     if schema is True or schema == {}:
         raise _fail(path, "a schema that allows any JSON value is outside the supported subset: give a 'type'")
     if schema is False:

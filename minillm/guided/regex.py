@@ -20,6 +20,8 @@ from dataclasses import dataclass
 MAX_CODE = 0x10FFFF
 
 
+MAX_DEPTH = 100            # nested groups a pattern may have
+
 class RegexError(ValueError):
     """A pattern this dialect does not accept; the message names the construct and where it is."""
 
@@ -184,6 +186,8 @@ class _Parser:
 
     def group(self, depth: int):
         at = self.i
+        if depth >= MAX_DEPTH:     # the parser and the NFA builder recurse once per level: refuse, never overflow
+            raise self.fail(f"groups nested more than {MAX_DEPTH} deep", at)
         self.i += 1
         if self.peek() == "?":
             kind = self.peek(3)

@@ -183,6 +183,10 @@ class AsyncEngine:
             except ValueError as e:
                 cmd.accepted.set_exception(e)
                 return
+            except Exception as e:                         # a bug, not the user's mistake: this call fails, the
+                log.exception("building a request failed")  # loop (and every other stream) goes on
+                cmd.accepted.set_exception(RuntimeError(f"{type(e).__name__}: {e}"))
+                return
             for r in requests:
                 engine.enqueue(r)
                 self.live.add(r.request_id)

@@ -83,7 +83,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Any = None           # OpenAI's newer name for max_tokens
     logprobs: StrictBool = False
     top_logprobs: Any = None
-    response_format: Optional[dict] = None      # {"type": "text" | "json_object" | "json_schema", ...}
+    response_format: Optional[dict] = None      # {"type": "text" | "json_schema", ...} (json_object is refused)
     add_generation_prompt: StrictBool = True    # vLLM's extra field
 
 
@@ -112,12 +112,14 @@ def response_format_schema(fmt: Optional[dict]):
     """OpenAI's response_format -> a JSON schema for guided_json (None: free text)."""
     if fmt is None or fmt.get("type") == "text":
         return None
-    if fmt.get("type") == "json_object":
-        return {"type": "object"}
+    if fmt.get("type") == "json_object":       # "any JSON object" has no finite regex in guided_json's subset
+        raise ValueError("response_format {'type': 'json_object'} (any JSON object) is outside guided_json's "
+                         "supported subset: pass {'type': 'json_schema', 'json_schema': {'schema': ...}} with an "
+                         "object's properties")
     if fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict) \
             and "schema" in fmt["json_schema"]:
         return fmt["json_schema"]["schema"]
-    raise ValueError(f"response_format must be {{'type': 'text' | 'json_object'}} or {{'type': 'json_schema', "
+    raise ValueError(f"response_format must be {{'type': 'text'}} or {{'type': 'json_schema', "
                      f"'json_schema': {{'schema': ...}}}}, got {fmt!r:.200}")
 
 
