@@ -10,6 +10,7 @@ launcher and a CPU twin (@njit).
     paged_attention.py  decode attention through block tables; flash-decoding
     quant_gemv.py       int8 and int4 dequantizing GEMV in DESIGN.md's layouts
     quant_rows.py       the CPU fast path's quantized matmuls (int8, int4, Q8_0, W8A8) and int8-KV attention
+    sparse24.py         the 2:4 compressed layout (values + 2-bit indices) and its GEMV
     access_trace.py     records which simulated thread touches which element (a tool, no kernel)
 
 The CUDA side runs on a real GPU, or in numba's CUDA simulator on any CPU (slowly: every thread is a

@@ -1,4 +1,4 @@
-"""2:4 semi-structured sparsity: a compressed weight layout and its GEMV (CPU twin).
+"""2:4 semi-structured sparsity: a compressed weight layout and its GEMV (a CUDA kernel and its CPU twin).
 
 In every group of 4 consecutive inputs of a weight row, at most 2 weights are nonzero (NVIDIA's sparse tensor cores,
 Mishra et al. 2021, "Accelerating Sparse Deep Neural Networks"). Only the 2 kept values are stored, with a 2-bit
@@ -15,9 +15,13 @@ is about half the bytes, and the gather from x (which stays in cache) is cheap.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import float32, int32, njit, prange
 
-from . import check_array
+from . import check_array, cuda_kernel, empty_like, to_device
+
+cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
+
+GEMV_THREADS = 32          # one warp per output element: thread i reads meta bytes i, i + 32, ... (coalesced)
 
 # ----------------------------------------------------------------------------- layout (numpy)
 
@@ -67,6 +71,44 @@ def _check(x, values, meta):
     check_array("values", values, np.float32, 2, (None, K // 2))
     check_array("meta", meta, np.uint8, 2, (values.shape[0], K // 8))
     return x2, vec
+
+
+# ----------------------------------------------------------------------------- CUDA kernel
+
+@cuda_kernel("void(float32[:, ::1], float32[:, ::1], uint8[:, ::1], float32[:, ::1])")
+def sparse24_gemv(x, values, meta, y):
+    """y (M, N) = x (M, K) @ W^T, W in the 2:4 layout. Grid (N, M), GEMV_THREADS threads: block (n, m) makes
+    y[m, n]; thread i takes meta bytes b = i, i + 32, ... (8 inputs, 4 stored values each), then a shared-memory
+    tree adds the 32 partial sums. On a GPU with sparse tensor cores (sm_80+) cuSPARSELt does this in the MMA."""
+    part = cuda.shared.array(GEMV_THREADS, float32)
+    n, m, i = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+    acc = float32(0.0)
+    for b in range(i, meta.shape[1], GEMV_THREADS):
+        byte = int32(meta[n, b])
+        base, v = 8 * b, 4 * b
+        acc += values[n, v] * x[m, base + (byte & 3)] + values[n, v + 1] * x[m, base + ((byte >> 2) & 3)]
+        acc += values[n, v + 2] * x[m, base + 4 + ((byte >> 4) & 3)]
+        acc += values[n, v + 3] * x[m, base + 4 + ((byte >> 6) & 3)]
+    part[i] = acc
+    cuda.syncthreads()
+    step = GEMV_THREADS // 2
+    while step > 0:
+        if i < step:
+            part[i] += part[i + step]
+        cuda.syncthreads()
+        step //= 2
+    if i == 0:
+        y[m, n] = part[0]
+
+
+def sparse24_gemv_cuda(x, values, meta):
+    """x (K,) or (M, K) @ W (N, K)^T in the 2:4 layout -> (N,) or (M, N) float32, on the GPU (or the simulator)."""
+    x2, vec = _check(x, values, meta)
+    M, N = x2.shape[0], values.shape[0]
+    y = empty_like(x, (M, N))                                                 # (M, N)
+    if M and N:
+        sparse24_gemv[(N, M), GEMV_THREADS](to_device(x2), to_device(values), to_device(meta), to_device(y))
+    return y.reshape((N,)) if vec else y
 
 
 # ----------------------------------------------------------------------------- CPU twin
