@@ -187,8 +187,8 @@ def test_h2o_keeps_its_budget_and_generates(full):
 
 
 def test_freeing_a_sequence_forgets_its_evictions():
-    """A preempted (recomputed) sequence's K/V are gone: its eviction count and H2O scores restart at 0, so the
-    scheduler's room check counts its whole first chunk again (a stale count made it under-ask and crash)."""
+    """A preempted (recomputed) sequence's K/V are gone: its eviction count restarts at 0, so the scheduler's room
+    check counts its whole first chunk again (a stale count made it under-ask and crash)."""
     import torch
 
     from minillm.core.block_manager import BlockManager
@@ -199,4 +199,7 @@ def test_freeing_a_sequence_forgets_its_evictions():
     bm.allocate(seq, len(seq))
     seq.evicted, seq.kv_scores = 8, torch.ones(21)
     bm.free_seq(seq)
-    assert seq.evicted == 0 and seq.kv_scores is None and bm.num_free == 16
+    assert seq.evicted == 0 and bm.num_free == 16
+    assert seq.kv_scores is not None                  # a finished sequence's H2O record stays readable (notebook 14)
+    bm.allocate_prompt(seq)                           # a recompute starts its scores afresh
+    assert seq.kv_scores is None and seq.evicted == 0

@@ -205,7 +205,8 @@ class BlockManager:
                     self.free.append(b)
         seq.block_table = []
         seq.num_computed = 0
-        seq.evicted, seq.kv_scores = 0, None          # its K/V are gone: a recompute starts from token 0
+        seq.evicted = 0                               # its K/V are gone: a recompute starts from token 0 (H2O's
+                                                      # kv_scores stay readable; allocate_prompt resets them)
 
     def truncate(self, seq: Sequence, num_tokens: int):
         """Rollback (speculative decoding): keep only the blocks positions < num_tokens need; the blocks
