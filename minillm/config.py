@@ -227,6 +227,11 @@ class EngineConfig:
     speculative: Optional[dict] = None
     sparsity: Optional[dict] = None
     kv_eviction: Optional[dict] = None
+    enable_lora: bool = False           # LoRA adapters per request (minillm.llama.lora): generate(..., lora=name)
+    max_loras: int = 4                  # adapters resident at once (vLLM's name)
+    max_lora_rank: int = 16             # the largest adapter rank accepted (vLLM's name)
+    tensor_parallel_size: int = 1       # ranks splitting every layer (minillm.parallel, torch.distributed)
+    pipeline_parallel_size: int = 1     # ranks splitting the layers into stages
     seed: int = 0
     trace: bool = True
 
@@ -244,10 +249,11 @@ class EngineConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is not one of {allowed}")
         E = "EngineConfig"
-        for name in ("enable_chunked_prefill", "enable_prefix_caching", "trace"):
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enable_lora", "trace"):
             _check_bool(E, name, getattr(self, name))
         minimum = dict(block_size=1, max_num_seqs=1, max_model_len=1, kv_cache_bytes=1, max_num_batched_tokens=1,
-                       swap_bytes=0, seed=0)
+                       swap_bytes=0, seed=0, max_loras=1, max_lora_rank=1, tensor_parallel_size=1,
+                       pipeline_parallel_size=1)
         for name, low in minimum.items():       # the three that may be None are filled from the model or a default
             value = getattr(self, name)
             if value is not None or name not in ("max_model_len", "kv_cache_bytes", "max_num_batched_tokens"):
