@@ -2,7 +2,7 @@
 guided`: batch-1 decode speed; batched decode beside llama2.c's run.c and against torch's own matmul FLOP/s; a
 serving workload under several settings; the scheduling orders on heavy-tailed traces; quantization, GPTQ and
 pruning against perplexity; KV eviction against perplexity; structured output (validity, mask cost, jump-forward,
-outlines-core).
+outlines-core); LoRA adapters batched against a merged model (`lora`).
 Warm-up excluded, medians of several runs, every ratio measured side by side in one run."""
 from __future__ import annotations
 
@@ -101,6 +101,7 @@ def main(argv: list[str]) -> int:
                                           "the 2:4 GEMV against dense at batch 1")
     spy.add_argument("--model", default="shakespeare")
     spy.add_argument("--tokenizer", default=None)
+    spy.add_argument("--windows", type=int, default=25, help="held-out windows of 256 tokens (25: all of them)")
     spy.add_argument("--quick", action="store_true", help="2 windows, 50%% and 2:4 only, small GEMV: a smoke test")
     spy.add_argument("--json", default=None)
     gd = sub.add_parser("guided", help="structured output: validity, mask cost at batch 8, jump-forward, "
@@ -111,6 +112,14 @@ def main(argv: list[str]) -> int:
     gd.add_argument("--quick", action="store_true", help="4 samples each, 1 repeat, 24-token mask runs, 2 constraints "
                                                         "beside outlines-core: a smoke test")
     gd.add_argument("--json", default=None)
+    lo = sub.add_parser("lora", help="LoRA: several adapters in one batch against one merged model, tok/s and bytes")
+    lo.add_argument("--model", default="shakespeare")
+    lo.add_argument("--adapters", default="comedies,tragedies,histories", help="comma-separated names or directories")
+    lo.add_argument("--seqs", type=int, default=32)
+    lo.add_argument("--max-tokens", type=int, default=64)
+    lo.add_argument("--repeats", type=int, default=5)
+    lo.add_argument("--quick", action="store_true", help="8 sequences, 8 tokens, 1 round: a smoke test")
+    lo.add_argument("--json", default=None)
     d = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
     d.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
     d.add_argument("--tokenizer", default=None)
@@ -175,12 +184,18 @@ def main(argv: list[str]) -> int:
         return _write_json(res, a.json)
     if a.what == "sparsity":
         from .sparsity import bench_sparsity, print_report
-        res = bench_sparsity(a.model, a.tokenizer, a.quick)
+        res = bench_sparsity(a.model, a.tokenizer, a.quick, a.windows)
         print_report(res)
         return _write_json(res, a.json)
     if a.what == "guided":
         from .guided import bench_guided, print_report
         res = bench_guided(a.model, 4 if a.quick else a.samples, 1 if a.quick else a.repeats, a.quick)
+        print_report(res)
+        return _write_json(res, a.json)
+    if a.what == "lora":
+        from .lora import bench_lora, print_report
+        seqs, tokens, repeats = (8, 8, 1) if a.quick else (a.seqs, a.max_tokens, a.repeats)
+        res = bench_lora(a.model, a.adapters.split(","), seqs, max_tokens=tokens, repeats=repeats)
         print_report(res)
         return _write_json(res, a.json)
     if a.what == "peers":

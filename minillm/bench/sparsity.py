@@ -29,7 +29,7 @@ SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 METHODS = ("magnitude", "wanda")
 
 
-def perplexity_sweep(model: str = "shakespeare", tokenizer=None, windows: int = 8, sparsities=SPARSITIES,
+def perplexity_sweep(model: str = "shakespeare", tokenizer=None, windows: int = 25, sparsities=SPARSITIES,
                      patterns=("2:4",), outliers=(0.5, "2:4")) -> dict:
     """Delta perplexity of every (method, pattern) against the dense model on `windows` held-out windows of 256;
     `outliers`: the same patterns on with_outlier_channels' twin (the same function with LLM-style outlier input
@@ -93,12 +93,12 @@ def gemv_speed(N: int = 2048, K: int = 2048, repeats: int = 7, layers: int | Non
             "speedup_vs_torch": med["dense torch"] / med["2:4 numba"]}
 
 
-def bench_sparsity(model: str = "shakespeare", tokenizer=None, quick: bool = False) -> dict:
+def bench_sparsity(model: str = "shakespeare", tokenizer=None, quick: bool = False, windows: int = 25) -> dict:
     if quick:
         ppl = perplexity_sweep(model, tokenizer, windows=1, sparsities=(0.5,), outliers=())   # a smoke test
         speed = gemv_speed(1024, 1024, repeats=3, layers=4)
     else:
-        ppl, speed = perplexity_sweep(model, tokenizer), gemv_speed()
+        ppl, speed = perplexity_sweep(model, tokenizer, windows=windows), gemv_speed()
     return {"bench": "sparsity", "perplexity": ppl, "gemv": speed}
 
 

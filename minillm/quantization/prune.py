@@ -12,8 +12,8 @@ Two patterns say how many go and where:
                 compressed (minillm.llama.linears.Sparse24Linear: values + 2-bit indices, a numba GEMV);
                 other N:M patterns and unstructured stay dense nn.Linear weights with zeros.
 As in Wanda and SparseGPT, the token embedding and the classifier are left dense; the activation norms come from
-one pass of the dense model over the calibration text (Wanda prunes layer by layer on the pruned model's
-activations; on 8 layers the difference is small, and one pass keeps this readable).
+one pass of the dense model over the calibration text, all of it (Wanda prunes layer by layer on the pruned model's
+activations; on 8 layers that was no better here, +7.7% against +7.0% at 50%, and one pass keeps this readable).
 """
 from __future__ import annotations
 
@@ -24,7 +24,12 @@ import torch.nn as nn
 
 from ..config import check_sparsity, sparsity_pattern
 from ..llama.linears import Sparse24Linear
-from .calibration import calibration_ids, linear_inputs
+from .calibration import calibration_ids
+
+# Wanda's calibration: every token of the packaged excerpt (about 13,500). With 2,048 the norms are noisy enough
+# that Wanda lost to magnitude at 50% on the held-out windows (+7.58% vs +7.20%); with all of them it wins (bench
+# sparsity). The paper uses 128 x 2048 tokens of C4.
+CALIBRATION_TOKENS = 1 << 20
 
 
 def scores(weight: torch.Tensor, method: str, x_norm: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,10 +60,26 @@ def prune_mask(score: torch.Tensor, pattern) -> torch.Tensor:
     return mask.reshape(N, K)
 
 
-def input_norms(model: nn.Module, tokenizer, rows: int | None = None) -> dict:
-    """||X_j||_2 per input channel of every nn.Linear over the calibration tokens: {name: (K,)}."""
-    ids = calibration_ids(tokenizer)                                                # (B, T) training text
-    return {k: x.norm(dim=0) for k, x in linear_inputs(model, ids, rows or ids.numel()).items()}
+def input_norms(model: nn.Module, tokenizer, tokens: int = CALIBRATION_TOKENS, batch: int = 8) -> dict:
+    """||X_j||_2 per input channel of every nn.Linear over `tokens` calibration tokens (the whole packaged excerpt
+    by default, 53 windows of 256): {name: (K,)}. Squares are summed window batch by window batch, so memory stays
+    one batch of activations whatever the calibration size."""
+    ids = calibration_ids(tokenizer, tokens=tokens)                                 # (B, T) training text
+    sq, hooks = {}, []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear):
+            def hook(m, inputs, out, name=name):
+                x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).double()   # (rows, K)
+                sq[name] = sq.get(name, 0.0) + (x * x).sum(0)                       # (K,)
+            hooks.append(mod.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            for i in range(0, ids.shape[0], batch):
+                model(ids[i:i + batch])
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: v.sqrt().float() for k, v in sq.items()}
 
 
 def prunable(model: nn.Module):
