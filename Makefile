@@ -41,7 +41,7 @@ lint: install
 
 # Two invocations: numba chooses the CUDA simulator or a GPU once per process, at its first import.
 test-unit: install
-	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q tests
+	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q --durations=25 tests
 	MINILLM_PROGRESS=0 NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q tests/cudasim
 
 test-slow: install

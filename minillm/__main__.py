@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         print("usage: python -m minillm {generate,run,bench,train,ship,student,grade,export,serve} ...\n"
               "  generate  --model M --prompt P [sampling flags]   text through the engine (LLM.generate)\n"
               "  run       CKPT -z TOK -t T -p P -s SEED -n STEPS -i PROMPT   llama2.c run.c, byte for byte\n"
-              "  bench     {decode,batched,peers,serve,sched,quant,gptq,sparsity,longctx,spec,guided}\n"
+              "  bench     {decode,batched,peers,serve,sched,quant,gptq,sparsity,longctx,spec,guided,moe,lora}\n"
               "            [--model M] [--quick] [--json F]   (bench -h)\n"
               "  train     --preset P --out DIR [--teacher T.bin] [--resume | --force]   train or distil a model\n"
               "  ship      --target DIR --draft DIR --data DIR   evaluate runs, package them with a model card\n"
@@ -166,12 +166,23 @@ def _command(cmd: str):
     elif cmd == "ship":
         from .training.ship import main
     elif cmd == "train":
-        from .training.train import main
+        return _train
     elif cmd == "grade":
         from .labs.grade import main
     else:
         from .labs.student import main
     return main
+
+
+def _train(argv: list) -> int:
+    """`train`: --preset lora is minillm.training.lora's (an adapter on the frozen model); the MoE presets run in
+    minillm.training.moe, which hands any other preset on to train.py's."""
+    from .training.lora import wants_lora
+    if wants_lora(argv):
+        from .training.lora import main
+    else:
+        from .training.moe import main
+    return main(argv)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,10 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 LAYERS = {"kernels": 0, "config": 0, "paths": 0, "progress": 0, "threads": 0, "_moved": 0, "_checkout": 0,
           "llama": 1, "formats": 2, "guided": 2,
           "core": 3,
-          "spec_decode": 4, "quantization": 4, "backends": 4, "parallel": 4, "engine": 5, "bench": 6, "training": 6, "labs": 6,
-          "serve": 6, "cluster": 6,
+          "spec_decode": 4, "quantization": 4, "backends": 4, "parallel": 4, "engine": 5,
+          "bench": 6, "training": 6, "labs": 6, "serve": 6, "cluster": 6,
           "viz": 7, "__main__": 8, "__init__": 8}
-INDEPENDENT = {"spec_decode", "quantization", "backends"}   # plug-ins: none may import another
+INDEPENDENT = {"spec_decode", "quantization", "backends", "parallel"}   # plug-ins: none may import another
 
 
 def modules() -> dict:

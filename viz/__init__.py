@@ -4,7 +4,7 @@ viz draws the plain data that minillm records or measures (Trace steps, minillm.
 tensors); it never reaches into the engine's internals, and minillm never imports it.
 One concept per file: engine_path, trace, sampling, architecture, forward_breakdown, attention,
 rope, kv_cache, decode_timing, decoding, training, serving, scheduling, kernels, flash, quant, spec, medusa_tree,
-source (diagram and _figure are the shared drawing kit).
+moe_lora, parallel, source (diagram and _figure are the shared drawing kit).
 """
 from .architecture import draw_llama_block, llama_steps
 from .attention import plot_attention
@@ -15,6 +15,17 @@ from .flash import draw_attention_tiles, plot_attention_memory, plot_online_soft
 from .forward_breakdown import plot_forward_breakdown
 from .kernels import plot_access_diagram, plot_fusion, plot_roofline
 from .kv_cache import draw_kv_pool, draw_recompute_grid, plot_kv_bytes, plot_kv_bytes_vs_length
+from .moe_lora import draw_moe_and_lora, plot_adapter_costs, plot_expert_routing, plot_tokens_per_expert
+from .parallel import (
+                      draw_tp_split,
+                      plot_bubble,
+                      plot_disagg_timelines,
+                      plot_disagg_tradeoff,
+                      plot_link_times,
+                      plot_rank_timeline,
+                      plot_router_comparison,
+                      time_shares,
+)
 from .quant import plot_channel_error_heatmap, plot_pareto, plot_speedup_vs_batch, plot_weight_activation_hist
 from .rope import plot_rope
 from .sampling import plot_next_token_distribution, sampling_explorer
@@ -63,4 +74,7 @@ __all__ = ["draw_engine_path", "draw_engine_map", "plot_trace", "plot_next_token
            "plot_pass_cost", "plot_exactness", "show_source",
            "plot_request_timelines", "plot_order_comparison", "plot_client_service", "plot_latency_vs_utilisation",
            "draw_prefix_caches",
-           "plot_strategies", "draw_beam_tree", "draw_dfa", "plot_masks_per_step", "plot_mask_cost"]
+           "plot_strategies", "draw_beam_tree", "draw_dfa", "plot_masks_per_step", "plot_mask_cost",
+           "draw_moe_and_lora", "plot_expert_routing", "plot_tokens_per_expert", "plot_adapter_costs",
+           "draw_tp_split", "plot_rank_timeline", "time_shares", "plot_bubble", "plot_link_times",
+           "plot_router_comparison", "plot_disagg_timelines", "plot_disagg_tradeoff"]

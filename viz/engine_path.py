@@ -48,12 +48,14 @@ MAP = [
     ("RequestOutput", 11.6, 3.2, 1.5, 0.6, ("00",)),
     ("batching policies\nchunked prefill", 4.6, 2.2, 1.9, 0.6, ("05",)),
     ("block manager\npaging, prefix cache", 4.6, 1.3, 1.9, 0.6, ("06", "11", "14")),
-    ("Llama layers\nRMSNorm, RoPE, GQA", 7.0, 2.2, 2.2, 0.6, ("01",)),
+    ("Llama layers\nRMSNorm, RoPE, GQA", 7.0, 2.2, 2.2, 0.6, ("01", "15")),
     ("KV cache\n(paged pool)", 6.35, 1.3, 0.95, 0.6, ("02", "06", "14")),
-    ("weights\nint8 / int4", 7.65, 1.3, 0.95, 0.6, ("07", "13")),
+    ("weights\nint8 / int4", 7.65, 1.3, 0.95, 0.6, ("07", "13", "15")),
     ("kernels: numba CUDA\nmatmul, flash attention", 7.0, 0.4, 2.2, 0.6, ("03", "04")),
     ("proposer\ndraft, n-gram, Medusa", 9.5, 2.2, 2.0, 0.6, ("08",)),
-    ("training (offline)\ntrain, distil -> .bin", 11.6, 1.3, 1.5, 0.9, ("09",)),
+    ("router -> replicas\nprefill | decode engines", 1.75, 2.2, 2.5, 0.6, ("12",)),
+    ("ranks (torch.distributed)\ntensor / pipeline parallel", 9.5, 1.3, 2.0, 0.6, ("12",)),
+    ("training (offline)\ntrain, distil -> .bin", 11.6, 1.3, 1.5, 0.9, ("09", "15")),
 ]
 
 

@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from ..config import DTYPES, QUANTIZATION_SCHEMES, EngineConfig, sparsity_pattern
 from ..llama.linears import Int4Linear, Int8Linear, Q80Linear, W8A8Linear
+from ..llama.moe import moe_layers
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,16 @@ class Capability:
     sparsity: tuple = ("unstructured", "n:m")  # EngineConfig.sparsity patterns: unstructured and N:M are dense weights
                                    # with zeros (any backend); "2:4" is Sparse24Linear (values + 2-bit indices)
     kv_eviction: tuple = ()        # kv_eviction methods (keys stored before RoPE, attention probabilities kept)
+    lora: bool = False             # enable_lora: per-row adapters in the linears (minillm.llama.lora)
+    moe: bool = False              # mixture-of-experts FFNs (minillm.llama.moe: a router, experts dispatched per token)
+    parallel: tuple = ()           # tensor_parallel_size / pipeline_parallel_size > 1 (minillm.parallel): "tensor",
+                                   # "pipeline"
 
 
 CAPABILITIES = {
     "torch": Capability(DTYPES, QUANTIZATION_SCHEMES, ("auto", "int8"), ("draft", "ngram", "medusa"), None,
-                        sparsity=("unstructured", "n:m", "2:4"), kv_eviction=("streaming", "h2o")),
+                        sparsity=("unstructured", "n:m", "2:4"), kv_eviction=("streaming", "h2o"), lora=True,
+                        moe=True, parallel=("tensor", "pipeline")),
     "numba": Capability(("float32",), ("int8", "int4", "q8_0", "gptq", "w8a8"), ("auto", "int8"),  # gptq: int4 weights
                         ("draft", "ngram", "medusa"),
                         (nn.Linear, Int8Linear, Int4Linear, Q80Linear, W8A8Linear)),
@@ -79,6 +85,11 @@ def _check_options(b: str, config: EngineConfig, method=None):
         raise _refuse(b, "kv_eviction method", evict, lambda c: evict in c.kv_eviction)
     if method is not None and method not in cap.speculative:
         raise _refuse(b, "speculative method", method, lambda c: method in c.speculative)
+    if config.enable_lora and not cap.lora:
+        raise _refuse(b, "enable_lora", True, lambda c: c.lora)
+    for kind, size in (("tensor", config.tensor_parallel_size), ("pipeline", config.pipeline_parallel_size)):
+        if size > 1 and kind not in cap.parallel:
+            raise _refuse(b, f"{kind}_parallel_size", size, lambda c: kind in c.parallel)   # noqa: B023 (called now)
 
 
 def sparsity_kind(sparsity) -> str | None:
@@ -118,6 +129,9 @@ def _has_gpu() -> bool:
 def check_model(model: nn.Module, backend: str):
     """The numba and CUDA twins copy the weights of the linear types they have kernels for; any other weight type
     (a student's, plugged into the model) runs on torch only."""
+    if moe_layers(model) and not CAPABILITIES[backend].moe:      # its twins copy dense FFN weights, which MoE lacks
+        where = next(n for n, m in model.named_modules() if m is moe_layers(model)[0])
+        raise _refuse(backend, "a mixture-of-experts FFN (MoEFeedForward) at", where, lambda c: c.moe)
     kinds = CAPABILITIES[backend].linears
     if kinds is None:
         return

@@ -1,8 +1,10 @@
-"""`python -m minillm bench decode | batched | peers | serve | sched | quant | gptq | sparsity | longctx | spec |
-guided`: batch-1 decode speed; batched decode beside llama2.c's run.c and against torch's own matmul FLOP/s; a
-serving workload under several settings; the scheduling orders on heavy-tailed traces; quantization, GPTQ and
-pruning against perplexity; KV eviction against perplexity; structured output (validity, mask cost, jump-forward,
-outlines-core); LoRA adapters batched against a merged model (`lora`).
+"""`python -m minillm bench decode | batched | peers | serve | sched | cluster | parallel | quant | gptq | sparsity |
+longctx | spec | guided`: batch-1 decode speed; batched decode beside llama2.c's run.c and against torch's own matmul
+FLOP/s; a serving workload under several settings; the scheduling orders on heavy-tailed traces; routers over
+data-parallel replicas and prefill/decode disaggregation (`cluster`); tensor and pipeline parallelism (`parallel`);
+quantization, GPTQ and pruning against perplexity; KV eviction against perplexity; structured output (validity, mask
+cost, jump-forward, outlines-core); LoRA adapters batched against a merged model (`lora`); mixture of experts against
+its dense baselines (`moe`).
 Warm-up excluded, medians of several runs, every ratio measured side by side in one run."""
 from __future__ import annotations
 
@@ -48,6 +50,19 @@ def main(argv: list[str]) -> int:
     sc.add_argument("--no-real", action="store_true", help="skip the wall-clock runs")
     sc.add_argument("--quick", action="store_true", help="32 requests, 8 on the wall clock, one trace: a smoke test")
     sc.add_argument("--json", default=None)
+    cl = sub.add_parser("cluster", help="data-parallel routing policies; prefill/decode disaggregation against "
+                                        "colocated engines (simulated clock, then processes)")
+    cl.add_argument("--model", default="shakespeare")
+    cl.add_argument("--tokenizer", default=None)
+    cl.add_argument("--section", choices=["router", "disagg", "all"], default="all")
+    cl.add_argument("--no-real", action="store_true", help="skip the runs in separate processes (wall clock)")
+    cl.add_argument("--quick", action="store_true", help="small traces, no processes: a smoke test")
+    cl.add_argument("--json", default=None)
+    pa = sub.add_parser("parallel", help="tensor (TP=2) and pipeline (PP=2) parallelism vs one rank: decode tok/s, "
+                                         "bytes per token per collective, loopback bytes, the pipeline bubble")
+    pa.add_argument("--model", default="shakespeare")
+    pa.add_argument("--quick", action="store_true", help="8 decode steps, 1 repeat, short prompts: a smoke test")
+    pa.add_argument("--json", default=None)
     b = sub.add_parser("batched", help="batched decode tok/s and FLOP/s, beside llama2.c's run.c (--runc)")
     b.add_argument("--model", required=True)
     b.add_argument("--tokenizer", default=None)
@@ -120,6 +135,10 @@ def main(argv: list[str]) -> int:
     lo.add_argument("--repeats", type=int, default=5)
     lo.add_argument("--quick", action="store_true", help="8 sequences, 8 tokens, 1 round: a smoke test")
     lo.add_argument("--json", default=None)
+    mo = sub.add_parser("moe", help="mixture of experts: val loss against the dense baselines, expert load, active vs "
+                                    "stored parameters, expert-parallel bytes, dense vs MoE decode at batch 1 and 16")
+    mo.add_argument("--quick", action="store_true", help="2 windows, 8 decode steps, 1 repeat: a smoke test")
+    mo.add_argument("--json", default=None)
     d = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
     d.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
     d.add_argument("--tokenizer", default=None)
@@ -154,6 +173,17 @@ def main(argv: list[str]) -> int:
         res = bench_sched(a.model, a.tokenizer, a.requests, a.utilisation, a.max_num_seqs, a.seeds,
                           real=not a.no_real, quick=a.quick)
         print_table(res)
+        return _write_json(res, a.json)
+    if a.what == "cluster":
+        from .cluster import bench_cluster, print_report
+        res = bench_cluster(a.model, a.tokenizer, a.quick, not a.no_real,
+                            ("router", "disagg") if a.section == "all" else (a.section,))
+        print_report(res)
+        return _write_json(res, a.json)
+    if a.what == "parallel":
+        from .parallel import bench_parallel, print_report
+        res = bench_parallel(a.model, a.quick)
+        print_report(res)
         return _write_json(res, a.json)
     if a.what == "quant":
         from .quant import bench_quant, print_table
@@ -196,6 +226,11 @@ def main(argv: list[str]) -> int:
         from .lora import bench_lora, print_report
         seqs, tokens, repeats = (8, 8, 1) if a.quick else (a.seqs, a.max_tokens, a.repeats)
         res = bench_lora(a.model, a.adapters.split(","), seqs, max_tokens=tokens, repeats=repeats)
+        print_report(res)
+        return _write_json(res, a.json)
+    if a.what == "moe":
+        from .moe import bench_moe, print_report
+        res = bench_moe(a.quick)
         print_report(res)
         return _write_json(res, a.json)
     if a.what == "peers":

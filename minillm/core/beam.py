@@ -351,8 +351,8 @@ class BeamGroup:
 
 
 def _same_request(src: Sequence, dst: Sequence):
-    """What a scheduling order reads per request (priority, client), carried to a new beam."""
-    for name in ("priority", "client"):
+    """What a scheduling order reads per request (priority, client) and its LoRA adapter, carried to a new beam."""
+    for name in ("priority", "client", "lora"):
         if hasattr(src, name):
             setattr(dst, name, getattr(src, name))
 

@@ -78,8 +78,9 @@ class BlockManager:
         h.update(array("q", tokens).tobytes())
         return h.digest()
 
-    def _full_block_hashes(self, token_ids: list[int]) -> list[bytes]:
-        hashes, parent, bs = [], None, self.block_size
+    def _full_block_hashes(self, token_ids: list[int], root: Optional[bytes] = None) -> list[bytes]:
+        """root: the sequence's cache_salt (its LoRA adapter), where the chain starts; None: b"root"."""
+        hashes, parent, bs = [], root, self.block_size
         for i in range(len(token_ids) // bs):
             parent = self.chain_hash(parent, token_ids[i * bs:(i + 1) * bs])
             hashes.append(parent)
@@ -121,7 +122,7 @@ class BlockManager:
         seq.evicted, seq.kv_scores = 0, None         # (a recompute after preemption starts with the whole prompt)
         scoring = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) < len(seq.prompt_ids)
         if self.prefix_caching and not scoring:      # prompt_logprobs needs logits at every prompt position (vLLM v1)
-            for i, h in enumerate(self._full_block_hashes(ids[:-1])):  # the last token is always computed
+            for i, h in enumerate(self._full_block_hashes(ids[:-1], seq.cache_salt)):  # the last is computed
                 b = self.cached.get(h)
                 if b is None or self.block_tokens[b] != tuple(ids[i * bs:(i + 1) * bs]):
                     break
@@ -173,7 +174,7 @@ class BlockManager:
         if not self.prefix_caching:
             return
         ids, bs = seq.token_ids, self.block_size
-        parent = None
+        parent = seq.cache_salt                      # None, or its LoRA adapter: no block shared across adapters
         for i in range(min(seq.num_computed, len(ids)) // bs):
             b = seq.block_table[i]
             if self.block_hash[b] is not None:

@@ -15,6 +15,7 @@ not padded to a prompt's length; the cache is shared, the rows independent.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -114,8 +115,10 @@ class ModelRunner:
             attn.rope_on_read, attn.window = True, self.eviction.window
             if self.eviction.scores:             # H2O: the attention probabilities each cached token receives
                 attn.received = torch.zeros(B, int(context_lens.max()))          # (B, S)
-        res = self.model(tokens, rope_at, self.kv, attn, rows=torch.tensor(select, dtype=torch.long),
-                         **({"return_hidden": True} if self.hidden else {}))
+        lora = getattr(self.model, "lora_context", None)     # enable_lora: each row's adapter slot (llama/lora.py)
+        with lora.use([r.seq.lora_slot for r in rows], T) if lora is not None else nullcontext():
+            res = self.model(tokens, rope_at, self.kv, attn, rows=torch.tensor(select, dtype=torch.long),
+                             **({"return_hidden": True} if self.hidden else {}))
         logits, hidden = res if self.hidden else (res, None)            # (N, V), (N, C)
         if attn.received is not None:
             for b, r in enumerate(rows):

@@ -42,6 +42,7 @@ class Scheduler:
         self.pending_forks: dict[int, list[Sequence]] = {}   # parent seq_id -> samples waiting for its prompt
         self.groups: dict = {}                    # request_id -> BeamGroup: beams run and leave together (core/beam.py)
         self.expect_arrivals = True               # False: every request is known (LLM.generate), none will come
+        self.lora = None                          # enable_lora: the adapter slots (minillm.llama.lora.LoRASlots)
         default_budget = 512 if config.enable_chunked_prefill else max(config.max_model_len, 2048)
         self.budget = config.max_num_batched_tokens or default_budget
         self._swap_out: list = []
@@ -65,6 +66,8 @@ class Scheduler:
         first = len(seq) if self.eviction is None else min(len(seq), self.eviction.chunk)   # eviction: chunk 1 only
         if len(self.running) >= self.config.max_num_seqs or not bm.can_allocate(seq, first + 1):
             return 0
+        if seq.lora is not None and not self.lora.acquire(seq.lora, self.running + list(self.swapped) + self.padding):
+            return 0                                          # every adapter slot is in use: it waits
         self.waiting.remove(seq)
         hits = bm.allocate_prompt(seq) if self.eviction is None else bm.allocate_prompt(seq, first)
         seq.metrics.num_cached_tokens += hits                      # prefix-cache hits need no computing

@@ -65,6 +65,7 @@ class Sequence:
         self.metrics = RequestMetrics(arrival_time)
         self.priority = 0             # scheduling_policy "priority": lower is served first (vLLM)
         self.client = None            # who sent it (scheduling_policy "fair" keeps one counter per client)
+        self.lora = None              # its LoRA adapter (minillm.llama.lora.LoRAAdapter), or None: the base model
 
     @property
     def token_ids(self) -> list[int]:
@@ -77,6 +78,17 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def lora_slot(self) -> int:
+        """The engine slot of its LoRA adapter (resident while the sequence runs), -1 for none."""
+        return -1 if self.lora is None else self.lora.slot
+
+    @property
+    def cache_salt(self):
+        """What its K/V depend on besides its tokens: the adapter's digest, so that the prefix cache never shares a
+        block across adapters (every block hash chains from it); None for the base model."""
+        return None if self.lora is None else self.lora.digest
 
     @property
     def is_finished(self) -> bool:

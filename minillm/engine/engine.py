@@ -55,6 +55,7 @@ class LLMEngine:
         limit = self.config.max_model_len if self.eviction is None else 2**62   # eviction: generate past the context
         self.scheduler = Scheduler(self.config, self.block_manager, self.clock, Detokenizer(self.tokenizer, limit),
                                    parts.policy, slots=self.proposer.num_slots, eviction=self.eviction)
+        self.scheduler.lora = parts.lora          # enable_lora: adapter slots, filled as sequences are admitted
         self.runner = ModelRunner(parts.forward, self.kv, parts.swap, hidden=self.proposer.needs_hidden,
                                   eviction=self.eviction)
         self.trace = Trace(self.config.trace, block_bytes=self.kv.nbytes // self.kv.num_blocks,
@@ -71,10 +72,12 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def make_request(self, prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
-                     arrival_time: Optional[float] = None, priority: int = 0, client=None) -> Request:
+                     arrival_time: Optional[float] = None, priority: int = 0, client=None, lora=None) -> Request:
         """Validate a prompt (text, or token ids with BOS) and its parameters; queues nothing (see enqueue).
-        priority: lower is served first (scheduling_policy "priority"); client: who sent it (str or int; "fair")."""
+        priority: lower is served first (scheduling_policy "priority"); client: who sent it (str or int; "fair");
+        lora: a LoRA adapter's name, directory or LoRAAdapter (needs enable_lora=True), parsed on first use."""
         params = SamplingParams() if params is None else params
+        adapter = self.lora_adapter(lora)
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         ids = self.validate(prompt)
@@ -97,7 +100,7 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             seqs[0].prompt_logprobs = [None]                         # the sample that prefills scores the prompt
         for s in seqs:
-            s.priority, s.client = int(priority), client
+            s.priority, s.client, s.lora = int(priority), client, adapter
         return Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, now, seqs)
 
     def enqueue(self, request: Request) -> str:
@@ -127,9 +130,18 @@ class LLMEngine:
         return request
 
     def add_request(self, prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
-                    arrival_time: Optional[float] = None, priority: int = 0, client=None) -> str:
+                    arrival_time: Optional[float] = None, priority: int = 0, client=None, lora=None) -> str:
         """prompt: text or a list of token ids (BOS included). Validated before anything is queued."""
-        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time, priority, client))
+        return self.enqueue(self.make_request(prompt, params, request_id, arrival_time, priority, client, lora))
+
+    def lora_adapter(self, lora):
+        """lora= of a request -> None or its LoRAAdapter (minillm.llama.lora), read on first use by the parts' loader
+        (a shipped name or a PEFT directory). ValueError for an unknown or unfit adapter, or without enable_lora."""
+        if lora is None:
+            return None
+        if self.parts.lora is None:
+            raise ValueError(f"lora={lora!r} needs an engine made with enable_lora=True (LLM(..., enable_lora=True))")
+        return self.parts.lora.get(lora)
 
     def validate(self, prompt) -> list[int]:
         """Prompt -> token ids, or a ValueError naming what is wrong. Queues nothing."""

@@ -31,12 +31,14 @@ class LLM:
         self.engine = LLMEngine(prepare(self.model, self.tokenizer, self.config, **seams))
 
     def generate(self, prompts: Union[str, list], params: Optional[Union[SamplingParams, list]] = None,
-                 use_tqdm: bool = False, priority: Union[int, list] = 0, client=None) -> list[RequestOutput]:
+                 use_tqdm: bool = False, priority: Union[int, list] = 0, client=None, lora=None) -> list[RequestOutput]:
         """Run prompts to completion; outputs come back in the order of the prompts.
         prompts: a string, a list of strings, or a list of token-id lists. Every prompt is validated before any
         is queued. If a step raises (an interrupt, a failing model), this call's requests are aborted, their
         blocks freed, and the exception re-raised: the engine stays usable.
-        priority, client: one value for every prompt, or one per prompt (scheduling_policy "priority", "fair")."""
+        priority, client: one value for every prompt, or one per prompt (scheduling_policy "priority", "fair").
+        lora: None (the base model), a LoRA adapter (a shipped name, a PEFT directory, a LoRAAdapter) for every
+        prompt, or a list of one per prompt (None among them); needs LLM(..., enable_lora=True)."""
         if isinstance(prompts, (str, bytes)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
@@ -48,8 +50,9 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
         engine = self.engine
         prio, clients = _per_prompt("priority", priority, len(prompts)), _per_prompt("client", client, len(prompts))
-        requests = [engine.make_request(p, sp, priority=pr, client=c)                # all validated before any runs
-                    for p, sp, pr, c in zip(prompts, plist, prio, clients)]
+        loras = _per_prompt("lora", lora, len(prompts))
+        requests = [engine.make_request(p, sp, priority=pr, client=c, lora=lo)      # all validated before any runs
+                    for p, sp, pr, c, lo in zip(prompts, plist, prio, clients, loras)]
         done = self._run(requests, "generate", use_tqdm)
         return [done[r.request_id] for r in requests]
 

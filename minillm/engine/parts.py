@@ -43,6 +43,7 @@ class Parts:
     quant_report: Optional[dict] = None
     backend_choice: str = ""        # which backend runs the forward, and why (backend="auto" says what it skipped)
     sparsity_report: Optional[dict] = None  # minillm.quantization.prune's: zeros per layer, bytes
+    lora: Any = None                # enable_lora: the adapter slots in the model (minillm.llama.lora.LoRASlots)
 
 
 def check_combinations(config: EngineConfig, model=None):
@@ -55,6 +56,9 @@ def check_combinations(config: EngineConfig, model=None):
     check_backend(config, spec.method if spec else None)
     check_order(config)
     check_eviction(config)
+    if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
+        from ..parallel.sharded import check_engine_options
+        check_engine_options(config, model.config if model is not None else None)
     if config.sparsity and config.quantization and sparsity_kind(config.sparsity) == "2:4":
         raise ValueError(f"sparsity pattern '2:4' is stored as its own weight type (values + 2-bit indices); it does "
                          f"not combine with quantization={config.quantization!r} (an unstructured or other N:M "
@@ -108,9 +112,17 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
     if config.quantization:            # a quantized copy: the caller's model is left as it was
         model, quant_report = quantize_model(model, config.quantization, config.quant_config, tokenizer)
     model.ensure_rope(config.max_model_len)
-    forward = backend_model(model, config.backend)                    # the torch model, or its numba / CUDA twin
+    lora = None
+    if config.enable_lora:             # a copy sharing the weights, its linears with max_loras adapter slots
+        model, lora = _lora_slots(model, config)
     kv_dtype = torch.int8 if config.kv_cache_dtype == "int8" else next(model.parameters()).dtype
-    kv = KVCache.for_engine(model.config, config, kv_dtype, device=getattr(forward, "device", "cpu"))
+    if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
+        from ..parallel.sharded import for_engine
+        forward = for_engine(model, config, kv_dtype)          # the same engine on several ranks, each with a share
+        kv = forward.kv
+    else:
+        forward = backend_model(model, config.backend)                # the torch model, or its numba / CUDA twin
+        kv = KVCache.for_engine(model.config, config, kv_dtype, device=getattr(forward, "device", "cpu"))
     per_block = kv.nbytes // kv.num_blocks
     swap_blocks = config.swap_bytes // per_block
     if config.preemption_mode == "swap" and swap_blocks < 1:
@@ -122,7 +134,19 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
         proposer = _proposer(spec, model, tokenizer, config, kv) if spec else Proposer()
     policy = policy or make_policy(config, kv.num_blocks * config.block_size)   # lpm's tree: the pool's tokens
     return Parts(config, model, tokenizer, forward, kv, SwapSpace(kv, swap_blocks) if swap_blocks else None, bm,
-                 policy, proposer, verify or verify_sampled, quant_report, choice, sparsity_report)
+                 policy, proposer, verify or verify_sampled, quant_report, choice, sparsity_report, lora)
+
+
+def _lora_slots(model, config: EngineConfig):
+    """enable_lora: the model with LoRA slots in its linears, and the LoRASlots that fill them with adapters read
+    by minillm.formats.peft (a shipped name or a PEFT directory) on first use."""
+    from functools import partial
+
+    from ..formats.peft import load_adapter
+    from ..llama.lora import LoRASlots, attach_lora
+    model = attach_lora(model, config.max_loras, config.max_lora_rank)
+    loader = partial(load_adapter, model_config=model.config, max_rank=config.max_lora_rank)
+    return model, LoRASlots(model, config.max_loras, config.max_lora_rank, loader)
 
 
 def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Proposer:

@@ -5,7 +5,8 @@
   - "random:<preset>" (e.g. "random:tiny", "random:stories15M"): a randomly initialised model of a
     named shape with a BPE tokenizer trained on the packaged Hamlet excerpt (for experiments before,
     or without, trained weights; its text is gibberish by design);
-  - a llama2.c `.bin` file, v0 or runq.c's Q8_0 version 2 (tokenizer: `tokenizer=` or a `tokenizer.bin` beside it);
+  - a llama2.c `.bin` file, v0 or runq.c's Q8_0 version 2 (tokenizer: `tokenizer=` or a `tokenizer.bin` beside it),
+    or a mixture-of-experts file (minillm.formats.moe) beside the dense `.bin` it was upcycled from;
   - a Hugging Face Llama directory (config.json + model.safetensors + tokenizer.json).
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..llama.transformer import Transformer
 from ..paths import MODELS_DIR, PACKAGE_DIR, SAMPLE_TEXT  # noqa: F401 - re-exported: `from .loader import MODELS_DIR`
 from .hf import HFTokenizer, is_hf_dir, load_hf
 from .llama2c import load_bin
+from .moe import is_moe_file, load_moe
 from .runq import is_runq, load_runq
 
 # name -> (checkpoint file, tokenizer file), relative to minillm/models (see MODEL_CARD.md there)
@@ -30,6 +32,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "shakespeare": ("shakespeare.bin", "tokenizer.bin"),
     "shakespeare-draft": ("shakespeare-draft.bin", "tokenizer.bin"),
     "shakespeare-draft-scratch": ("shakespeare-draft-scratch.bin", "tokenizer.bin"),  # same shape, no teacher
+    "shakespeare-moe": ("shakespeare-moe.safetensors", "tokenizer.bin"),  # experts only; the rest from shakespeare.bin
 }
 
 
@@ -58,11 +61,14 @@ def random_model(preset: str, seed: int = 0, **overrides) -> tuple[Transformer, 
 
 
 def load_checkpoint(path) -> Transformer:
-    """A llama2.c .bin of either kind: runq.c's Q8_0 version 2 (magic 'ak42') or the legacy v0 run.c reads.
-    Sniffing lives here, above both readers, so checkpoint.py need not import runq.py (an import circle)."""
+    """A llama2.c .bin of either kind: runq.c's Q8_0 version 2 (magic 'ak42') or the legacy v0 run.c reads; or an
+    upcycled mixture of experts (minillm.formats.moe: a safetensors file of experts beside its dense .bin).
+    Sniffing lives here, above the readers, so checkpoint.py need not import runq.py (an import circle)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    if is_moe_file(path):
+        return load_moe(path)
     return load_runq(path) if is_runq(path) else load_bin(path)
 
 

@@ -19,8 +19,10 @@ from .nb08_speculative import *  # noqa: F401,F403
 from .nb09_training import *  # noqa: F401,F403
 from .nb10_decoding import *  # noqa: F401,F403
 from .nb11_scheduling import *  # noqa: F401,F403
+from .nb12_parallelism import *  # noqa: F401,F403
 from .nb13_sparsity import *  # noqa: F401,F403
 from .nb14_long_context import *  # noqa: F401,F403
+from .nb15_moe_lora import *  # noqa: F401,F403
 
 globals().update(CHECKERS)          # every check_* by name: from minillm.labs import check_rope
 __all__ = ["CHECKERS", "ExerciseResult", "checker", *CHECKERS]

@@ -59,6 +59,11 @@ class KVCache:
     def for_engine(cls, cfg: ModelConfig, config: EngineConfig, dtype=torch.float32, device="cpu") -> "KVCache":
         """The engine's pool: kv_cache_bytes, or by default room for max_num_seqs full-length sequences capped at
         DEFAULT_KV_CAP (preemption handles the rest), never less than one full-length sequence."""
+        return cls.from_bytes(cfg, cls.engine_bytes(cfg, config, dtype), config.block_size, dtype, device)
+
+    @classmethod
+    def engine_bytes(cls, cfg: ModelConfig, config: EngineConfig, dtype=torch.float32) -> int:
+        """for_engine's budget in bytes, checked (minillm.parallel sizes its per-rank pools by the same blocks)."""
         bs, per_token = config.block_size, cls.bytes_per_token(cfg, dtype)   # scales included for int8
         need = -(-config.max_model_len // bs) * bs * per_token
         kv_bytes = config.kv_cache_bytes
@@ -68,7 +73,7 @@ class KVCache:
             raise ValueError(f"the KV cache gets {kv_bytes:,} bytes but one sequence of max_model_len="
                              f"{config.max_model_len} needs {need:,} ({per_token:,} bytes per token): raise "
                              f"kv_cache_bytes or lower max_model_len")
-        return cls.from_bytes(cfg, kv_bytes, bs, dtype, device)
+        return kv_bytes
 
     @property
     def nbytes(self) -> int:
