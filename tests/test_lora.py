@@ -19,7 +19,7 @@ from minillm.llama.lora import (
     merge_lora,
     module_shapes,
 )
-from minillm.training.lora import adapter_of, lora_model
+from minillm.training.lora import adapter_of, lora_model, split_work
 
 
 def random_adapter(cfg, rank: int, seed: int, modules=MODULES, name=None, scale: float = 0.2) -> LoRAAdapter:
@@ -182,3 +182,11 @@ def test_a_rank_above_the_layer_is_refused(tiny64):
     a = random_adapter(model.config, 65, 0, modules=("attention.wk",))     # wk is (32, 64): r <= 32
     with pytest.raises(ValueError, match=r"rank r=65, larger than layer 0 wk \(32 x 64\)"):
         check_adapter(a, model.config, max_rank=128)
+
+
+def test_a_work_splits_at_a_line_past_its_middle_into_two_disjoint_halves():
+    text = "".join(f"LINE {i}: {'word ' * (i % 7)}\n" for i in range(101))
+    first, second = split_work(text)
+    assert first + second == text                                   # nothing lost, nothing shared
+    assert first.endswith("\n") and len(text) // 2 <= len(first) < len(text) // 2 + 50
+    assert second.startswith("LINE ")                               # the held-out half starts on a whole line

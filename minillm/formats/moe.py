@@ -115,7 +115,8 @@ def load_moe(path, base_path=None) -> Transformer:
         raise ValueError(f"{path} was upcycled from a dense file with sha256 {meta.get('base_sha256')}, but "
                          f"{base_path} has sha256 {sha256(base_path)}: its experts belong to another model")
     model = load_bin(base_path)
-    if model.config.to_dict() != base_cfg:
+    shape = {k: v for k, v in model.config.to_dict().items() if k != "dropout"}     # dropout: training, not shape
+    if shape != {k: v for k, v in base_cfg.items() if k != "dropout"}:
         raise ValueError(f"{path}: made for a base of shape {base_cfg}, but {base_path} is {model.config.to_dict()}")
     try:
         tensors = load_file(path)

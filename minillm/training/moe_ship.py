@@ -90,9 +90,11 @@ def card_section(e: dict, dense_val: float) -> list:
              f"({e['active_fraction']:.0%}); FLOPs per token {e['flops_per_token_active']:,} "
              f"({e['flops_fraction']:.0%} of running every expert).", "",
              f"Fine-tuning: {tc['max_steps']}-step schedule, batch {tc['batch_size']} x {tc['seq_len']}, lr "
-             f"{tc['lr']:g} -> {tc['min_lr']:g} (warm-up {tc['warmup_steps']}), no dropout or weight decay, 1 thread "
+             f"{tc['lr']:g} -> {tc['min_lr']:g} (warm-up {tc['warmup_steps']}), dropout {tc['dropout']:g}, "
+             f"weight decay {tc['weight_decay']:g} on the matrices, 1 thread "
              "on a shared 2-core machine (wall times include other jobs); every run below saw the same batches "
-             "(one seed) and trained FFN weights only. Val loss on 64 fixed val windows of 256 tokens "
+             f"(one seed) and trained FFN weights only. Val loss on {tc['eval_windows']} fixed val windows of "
+             f"{tc['seq_len']} tokens "
              f"(the shipped file on the whole val split: {e['val_loss']:.4f}; the dense target there: "
              f"{dense_val:.4f}). Load: max/mean tokens per expert on the val windows, mean over layers "
              f"(Switch load-balancing loss L = CE + c * mean over layers of E * sum_e f_e P_e).", "",
