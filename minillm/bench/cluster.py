@@ -101,7 +101,7 @@ def router_table(model="shakespeare", tokenizer=None, n: int = 160, num_replicas
     prefix_aware as processes on the wall clock (the model itself, 2 replicas, a short trace). One call: the
     notebook's router comparison table."""
     net, tok = load(model, tokenizer)
-    cost = cost or StepCost.calibrate(net, tok)
+    cost = cost or StepCost.calibrate(net, tok, backend="torch")
     n, num_replicas, output = (24, 2, 12) if quick else (n, num_replicas, 32)
     system_len, user, max_num_seqs = 256, 24, 8
     pool_tokens = 1536                     # per replica: a few of the 8 system prompts beside its running requests
@@ -194,7 +194,7 @@ def disagg_comparison(model="shakespeare", tokenizer=None, n: int = 120, cost: S
     per-request timelines (the first timeline_requests requests of each trace, colocated and disaggregated).
     quick: 12 requests per trace, no chunked variants."""
     net, tok = load(model, tokenizer)
-    cost = cost or StepCost.calibrate(net, tok)
+    cost = cost or StepCost.calibrate(net, tok, backend="torch")
     link = link or ASSUMED_LINK
     n, L = (12 if quick else n), net.config.max_seq_len
     sim_net, sim_tok = stand_in(L)
@@ -262,7 +262,7 @@ def bench_cluster(model="shakespeare", tokenizer=None, quick: bool = False, real
                   sections=("router", "disagg")) -> dict:
     """Both sections, one cost model (calibrated once). quick: small traces, no processes (a smoke run)."""
     net, tok = load(model, tokenizer)
-    cost = StepCost.calibrate(net, tok)
+    cost = StepCost.calibrate(net, tok, backend="torch")
     res = {"bench": "cluster", "model": str(model), "clock": cost.describe()}
     if "router" in sections:
         res["router"] = router_table(model, tokenizer, cost=cost, quick=quick, real=real and not quick)

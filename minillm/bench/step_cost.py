@@ -51,15 +51,18 @@ class StepCost:
         return cls(float(full[0]), float(full[1]), float(full[2]), source)
 
     @classmethod
-    def calibrate(cls, model, tokenizer, max_model_len: int = 256, seed: int = 0) -> "StepCost":
+    def calibrate(cls, model, tokenizer, max_model_len: int = 256, seed: int = 0, **options) -> "StepCost":
         """Measure one short replay on the wall clock (prompts of 4-96 tokens arriving over time, so steps of
-        every size run) and fit the cost model to its steps. About a second for the shipped model."""
+        every size run) and fit the cost model to its steps. About a second for the shipped model. options: more
+        EngineConfig options, those of the engines the cost will price (a backend's prefill and decode costs
+        differ: numba computes a prompt token by token, torch in one matmul)."""
         from .replay import replay
         from .workload import make_workload
         wl = make_workload(12, model.config.vocab_size, rate=200.0, prompt_median=24, prompt_sigma=1.0,
                            output_median=12, output_sigma=0.5, max_len=max_model_len, seed=seed)
-        replay(model, tokenizer, wl[:2], max_model_len=max_model_len)               # warm-up
-        _, engine, _ = replay(model, tokenizer, wl, return_engine=True, max_model_len=max_model_len, max_num_seqs=8)
+        replay(model, tokenizer, wl[:2], max_model_len=max_model_len, **options)    # warm-up
+        _, engine, _ = replay(model, tokenizer, wl, return_engine=True, max_model_len=max_model_len,
+                              **{"max_num_seqs": 8, **options})
         steps = engine.trace.steps
         first = cls.from_trace(steps)
         calm = [s for s in steps if s.seconds <= 2 * first.seconds(len(s.seq_ids) + s.num_padding,
