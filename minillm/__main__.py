@@ -1,4 +1,4 @@
-"""python -m minillm {generate, run, bench, train, ship, student, grade, export, serve}"""
+"""python -m minillm {generate, run, bench, train, ship, student, grade, export, serve, router}"""
 from __future__ import annotations
 
 import argparse
@@ -112,8 +112,14 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
+    ap.add_argument("--data-parallel-size", type=int, default=1,
+                    help="N > 1: N replica servers (processes) behind `minillm router` on --port")
+    ap.add_argument("--router-policy", default="prefix_aware", help="with --data-parallel-size: how to route")
     engine_flags(ap.add_argument_group("engine (EngineConfig)"))
     a = ap.parse_args(argv)
+    if a.data_parallel_size != 1:
+        from .cluster.http_router import serve_replicas
+        return serve_replicas(argv, a.data_parallel_size, a.router_policy, a.host, a.port)
     sock = bind(a.host, a.port)                    # a port in use fails now, before the model loads
     options = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if f.name != "tokenizer"}
     llm = LLM(a.model, tokenizer=a.tokenizer, **options)
@@ -121,14 +127,14 @@ def serve_main(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = ("generate", "run", "bench", "train", "ship", "student", "grade", "export", "serve")
+COMMANDS = ("generate", "run", "bench", "train", "ship", "student", "grade", "export", "serve", "router")
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         asked = bool(argv) and argv[0] in ("-h", "--help")
-        print("usage: python -m minillm {generate,run,bench,train,ship,student,grade,export,serve} ...\n"
+        print("usage: python -m minillm {generate,run,bench,train,ship,student,grade,export,serve,router} ...\n"
               "  generate  --model M --prompt P [sampling flags]   text through the engine (LLM.generate)\n"
               "  run       CKPT -z TOK -t T -p P -s SEED -n STEPS -i PROMPT   llama2.c run.c, byte for byte\n"
               "  bench     {decode,batched,peers,serve,sched,quant,gptq,sparsity,longctx,spec,guided,moe,lora}\n"
@@ -139,6 +145,7 @@ def main(argv=None) -> int:
               "  grade     DIR [--gpu] [--json]   run every exercise checker on a folder of notebooks\n"
               "  export    --hf DIR [--model M] [--quantization Q] [--force]   a Hugging Face Llama directory\n"
               "  serve     --model M [--port P] [engine flags]   an OpenAI-compatible server (streaming)\n"
+              "  router    --worker URL --worker URL [--policy P] [--port P]   one server in front of serve replicas\n"
               "python -m minillm COMMAND -h   a command's flags", file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 1
     cmd, rest = argv[0], argv[1:]
@@ -169,6 +176,8 @@ def _command(cmd: str):
         return _train
     elif cmd == "grade":
         from .labs.grade import main
+    elif cmd == "router":
+        from .cluster.http_router import main
     else:
         from .labs.student import main
     return main

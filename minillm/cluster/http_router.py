@@ -1,0 +1,263 @@
+"""The router as a server: `python -m minillm router --worker URL --worker URL ...` in front of `minillm serve`
+replicas (data parallelism over HTTP, the shape of SGLang's sgl-router and vLLM's data-parallel front end).
+
+    client ──POST /v1/completions──> router: Router.route(the prompt) -> replica i ──> the same request, unchanged,
+           <──── the replica's answer (JSON, or its server-sent events as they come) ─────  to replica i's server
+
+The router speaks the replicas' own OpenAI API, so a client cannot tell it from one server. It decides with
+minillm.cluster.router.Router (round_robin, least_loaded, prefix_aware) and forwards the request's bytes; the answer's
+bytes come back as the replica sends them (a stream stays a stream). A request counts as outstanding on its replica
+from routing until its answer has been passed on (or the client went away). As SGLang's router, it routes on the
+prompt's TEXT: its prefix trees hold characters (token ids for a prompt given as ids), so it needs no tokenizer; a
+chat's messages are routed as the text of their roles and contents. It never asks a replica what its cache holds.
+
+GET /router says how it routed: the policy, each worker's URL, requests routed and outstanding, and the count of each
+decision. A worker that cannot be reached answers 502, naming its URL; the router goes on with the others.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import asynccontextmanager
+from typing import Optional
+
+import httpx  # the serve extra (fastapi, uvicorn, httpx): only this module needs it
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from .router import CacheAware, Router, check_policy
+
+FORWARDED = ("/v1/completions", "/v1/chat/completions")
+
+
+def prompt_key(path: str, body: dict) -> list:
+    """What the router routes on: the prompt as characters (code points), or as the token ids it was given. A batch
+    of prompts goes by its first; a chat by its messages' roles and contents."""
+    if path.endswith("/chat/completions"):
+        msgs = body.get("messages") or []
+        text = "".join(f"{m.get('role', '')}: {m.get('content', '')}\n" for m in msgs if isinstance(m, dict))
+        return [ord(c) for c in text]
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]                                       # a batch: the first prompt decides
+    if isinstance(prompt, list):
+        return [int(t) for t in prompt if isinstance(t, int)]
+    return [ord(c) for c in str(prompt)]
+
+
+def check_workers(workers) -> list:
+    urls = [str(w).rstrip("/") for w in (workers or [])]
+    if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
+        raise ValueError(f"workers must be one or more http(s):// URLs of `minillm serve` replicas, got {workers!r}")
+    return [u[:-3] if u.endswith("/v1") else u for u in urls]
+
+
+def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: Optional[CacheAware] = None,
+                     timeout_s: float = 600.0):
+    """The router's FastAPI app. workers: the replicas' base URLs (http://host:port, with or without /v1)."""
+    urls = check_workers(workers)
+    router = Router(policy, len(urls), cache_aware)
+    lock = threading.Lock()                                     # route/done from the event loop only; cheap anyway
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        if app.state.client is not None:
+            await app.state.client.aclose()
+
+    app = FastAPI(title="minillm router", lifespan=lifespan)
+    app.state.router, app.state.client = router, None
+
+    def client() -> httpx.AsyncClient:
+        if app.state.client is None:
+            app.state.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        return app.state.client
+
+    def finished(i: int):
+        with lock:
+            router.done(i)
+
+    def unreachable(i: int, e: Exception):
+        return JSONResponse({"error": {"message": f"replica {i} at {urls[i]} cannot be reached "
+                                                  f"({type(e).__name__}: {e})", "type": "bad_gateway",
+                                       "param": None, "code": 502}}, status_code=502)
+
+    async def forward(request: Request):
+        raw = await request.body()
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return JSONResponse({"error": {"message": "the request body must be a JSON object", "type":
+                                           "invalid_request_error", "param": None, "code": 400}}, status_code=400)
+        with lock:
+            i = router.route(prompt_key(request.url.path, body))
+        req = client().build_request("POST", urls[i] + request.url.path, content=raw,
+                                     headers={"content-type": "application/json"})
+        try:
+            answer = await client().send(req, stream=True)
+        except httpx.HTTPError as e:
+            finished(i)
+            return unreachable(i, e)
+        headers = {"x-minillm-replica": str(i)}
+        kind = answer.headers.get("content-type", "application/json")
+        if body.get("stream"):
+            async def relay():                                   # the replica's events, as they come
+                try:
+                    async for chunk in answer.aiter_raw():
+                        yield chunk
+                finally:                                         # also when the client went away: the replica's
+                    await answer.aclose()                        # connection closes, which aborts the request there
+                    finished(i)
+            return StreamingResponse(relay(), status_code=answer.status_code, media_type=kind, headers=headers)
+        try:
+            content = await answer.aread()
+        finally:
+            await answer.aclose()
+            finished(i)
+        return Response(content, status_code=answer.status_code, media_type=kind, headers=headers)
+
+    for path in FORWARDED:
+        app.post(path)(forward)
+
+    @app.get("/v1/models")
+    async def models():
+        try:
+            answer = await client().get(urls[0] + "/v1/models")
+        except httpx.HTTPError as e:
+            return unreachable(0, e)
+        return Response(answer.content, status_code=answer.status_code, media_type="application/json")
+
+    @app.get("/router")
+    async def stats():
+        return {**router.summary(), "workers": urls, "outstanding": list(router.load)}
+
+    return app
+
+
+class BackgroundRouter:
+    """The router on a thread of this process (tests, notebooks): `with BackgroundRouter([s.url, t.url]) as r:
+    OpenAI(base_url=r.url, ...)`; r.router is its Router (routed, load, decisions)."""
+
+    def __init__(self, workers: list, policy: str = "prefix_aware", host: str = "127.0.0.1", port: int = 0,
+                 cache_aware: Optional[CacheAware] = None, timeout_s: float = 30.0):
+        from ..serve.server import _server, bind
+        self.sock = bind(host, port)
+        self.host, self.port = host, self.sock.getsockname()[1]
+        self.app = build_router_app(workers, policy, cache_aware)
+        self.router = self.app.state.router
+        self.server = _server(self.app, grace_s=1.0)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
+                                       name="minillm-router")
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the router did not start on {host}:{self.port} within {timeout_s} s")
+            time.sleep(0.01)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _without(argv: list, flags: tuple) -> list:
+    """argv without these flags and their values (--flag V or --flag=V)."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in flags:
+            skip = True
+        elif not x.startswith(tuple(f + "=" for f in flags)):
+            out.append(x)
+    return out
+
+
+def serve_replicas(argv: list, n: int, policy: str, host: str, port: int, start_timeout_s: float = 300.0) -> int:
+    """`python -m minillm serve --data-parallel-size N ...`: N `minillm serve` processes with the same flags on free
+    ports of this machine, then the router on host:port in the foreground; Ctrl-C stops them all."""
+    import subprocess
+    import sys
+
+    from ..serve.server import _server, bind
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"--data-parallel-size must be an integer >= 1, got {n!r}")
+    check_policy(policy)
+    sock = bind(host, port)                                     # the router's port: taken or not, known now
+    ports = []
+    for _ in range(n):
+        with bind("127.0.0.1", 0) as s:
+            ports.append(s.getsockname()[1])
+    base = _without(argv, ("--data-parallel-size", "--router-policy", "--port", "--host"))
+    procs = [subprocess.Popen([sys.executable, "-m", "minillm", "serve", *base, "--host", "127.0.0.1",
+                               "--port", str(p)]) for p in ports]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        for i, (proc, url) in enumerate(zip(procs, urls)):
+            while True:
+                if proc.poll() is not None:
+                    raise ValueError(f"replica {i} (`minillm serve` on {url}) exited with code {proc.returncode} "
+                                     "before it served: its error is printed above")
+                try:
+                    httpx.get(url + "/v1/models", timeout=2.0).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise ValueError(f"replica {i} on {url} did not answer within {start_timeout_s:.0f} s")
+                    time.sleep(0.2)
+        app = build_router_app(urls, policy)
+        print(f"minillm router ({policy}) at http://{host}:{sock.getsockname()[1]}/v1 in front of {n} replicas: "
+              f"{', '.join(urls)} (GET /router: how it routed; Ctrl-C stops all)", flush=True)
+        _server(app, log_level="info").run(sockets=[sock])
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        sock.close()
+    return 0
+
+
+def main(argv: list) -> int:
+    """`python -m minillm router --worker URL ... [--policy P] [--port N]`: serve the router in the foreground."""
+    import argparse
+
+    from ..cluster.router import ROUTING_POLICIES
+    from ..serve.server import _server, bind
+    ap = argparse.ArgumentParser(prog="python -m minillm router", description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", action="append", required=True, help="a replica's URL (repeat: one per replica), "
+                                                                       "e.g. http://127.0.0.1:8001")
+    ap.add_argument("--policy", default="prefix_aware", choices=ROUTING_POLICIES)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--cache-threshold", type=float, default=CacheAware.cache_threshold)
+    a = ap.parse_args(argv)
+    urls = check_workers(a.worker)
+    for u in urls:                                              # every replica answers before the router starts
+        try:
+            httpx.get(u + "/v1/models", timeout=10.0).raise_for_status()
+        except httpx.HTTPError as e:
+            raise SystemExit(f"replica {u} does not answer GET /v1/models ({type(e).__name__}: {e}): start it "
+                             f"with `python -m minillm serve --model M --port N` first")
+    sock = bind(a.host, a.port)
+    app = build_router_app(urls, a.policy, CacheAware(cache_threshold=a.cache_threshold))
+    print(f"minillm router ({a.policy}) at http://{a.host}:{sock.getsockname()[1]}/v1 in front of "
+          f"{', '.join(urls)} (GET /router: how it routed; Ctrl-C stops)", flush=True)
+    _server(app, log_level="info").run(sockets=[sock])
+    return 0
