@@ -25,6 +25,7 @@ import httpx  # the serve extra (fastapi, uvicorn, httpx): only this module need
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from ..serve.server import BackgroundApp
 from .router import CacheAware, Router, check_policy
 
 FORWARDED = ("/v1/completions", "/v1/chat/completions")
@@ -135,41 +136,15 @@ def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: O
     return app
 
 
-class BackgroundRouter:
+class BackgroundRouter(BackgroundApp):
     """The router on a thread of this process (tests, notebooks): `with BackgroundRouter([s.url, t.url]) as r:
     OpenAI(base_url=r.url, ...)`; r.router is its Router (routed, load, decisions)."""
 
     def __init__(self, workers: list, policy: str = "prefix_aware", host: str = "127.0.0.1", port: int = 0,
                  cache_aware: Optional[CacheAware] = None, timeout_s: float = 30.0):
-        from ..serve.server import _server, bind
-        self.sock = bind(host, port)
-        self.host, self.port = host, self.sock.getsockname()[1]
-        self.app = build_router_app(workers, policy, cache_aware)
-        self.router = self.app.state.router
-        self.server = _server(self.app, grace_s=1.0)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
-                                       name="minillm-router")
-        self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the router did not start on {host}:{self.port} within {timeout_s} s")
-            time.sleep(0.01)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.sock.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+        app = build_router_app(workers, policy, cache_aware)
+        self.router = app.state.router
+        super().__init__(app, host, port, timeout_s, "router")
 
 
 def _without(argv: list, flags: tuple) -> list:

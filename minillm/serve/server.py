@@ -48,25 +48,20 @@ def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, so
     server.run(sockets=[sock])
 
 
-class BackgroundServer:
-    """The server on a thread of this process: `with BackgroundServer(llm) as s: OpenAI(base_url=s.url, ...)`.
-    llm: an LLM (or an LLMEngine); its engine belongs to the server until stop()."""
+class BackgroundApp:
+    """An ASGI app served on a thread of this process until stop() (or the with block's end); port 0: a free one."""
 
-    def __init__(self, llm, model_name: Optional[str] = None, host: str = "127.0.0.1", port: int = 0,
-                 timeout_s: float = 30.0):
-        engine = getattr(llm, "engine", llm)
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 30.0, name: str = "serve"):
         self.sock = bind(host, port)
-        self.host, self.port = host, self.sock.getsockname()[1]
-        self.model_name = model_name or "minillm"
-        self.app = build_app(engine, self.model_name)
-        self.server = _server(self.app, grace_s=1.0)
+        self.host, self.port, self.app = host, self.sock.getsockname()[1], app
+        self.server = _server(app, grace_s=1.0)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
-                                       name="minillm-serve")
+                                       name=f"minillm-{name}")
         self.thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start on {host}:{self.port} within {timeout_s} s")
+                raise RuntimeError(f"the {name} did not start on {host}:{self.port} within {timeout_s} s")
             time.sleep(0.01)
 
     @property
@@ -75,7 +70,7 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def stop(self):
-        """Stop serving (running requests are aborted); the engine is the LLM's again. Idempotent."""
+        """Stop serving (running requests are aborted). Idempotent."""
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.sock.close()
@@ -85,3 +80,13 @@ class BackgroundServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class BackgroundServer(BackgroundApp):
+    """The server on a thread of this process: `with BackgroundServer(llm) as s: OpenAI(base_url=s.url, ...)`.
+    llm: an LLM (or an LLMEngine); its engine belongs to the server until stop(), then it is the LLM's again."""
+
+    def __init__(self, llm, model_name: Optional[str] = None, host: str = "127.0.0.1", port: int = 0,
+                 timeout_s: float = 30.0):
+        self.model_name = model_name or "minillm"
+        super().__init__(build_app(getattr(llm, "engine", llm), self.model_name), host, port, timeout_s, "server")
