@@ -43,6 +43,8 @@ CONSTANTS = {   # notebook: phrases with hand-typed numbers that are constants o
     "07": ["4x or 8x", "60x larger"],
     "08": ["Reaching 2x", "2-3x, as the papers"],
     "09": ["10% of the peak"],
+    "12": ["4 MiB of the 28", "**16 KiB**", "1 KiB of activations", "16 KiB logit row", "~450 GB/s", "~25 GB/s",
+           "30% of the prompt", "= 128 KiB", "50 us + 2 GB/s", "90% of what", "under 10%"],
 }
 
 
