@@ -215,7 +215,8 @@ def main(argv: list) -> int:
 
     from ..cluster.router import ROUTING_POLICIES
     from ..serve.server import _server, bind
-    ap = argparse.ArgumentParser(prog="python -m minillm router", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m minillm router", description="one OpenAI-compatible server in "
+                                 "front of `minillm serve` replicas: each request goes to the replica the policy picks")
     ap.add_argument("--worker", action="append", required=True, help="a replica's URL (repeat: one per replica), "
                                                                        "e.g. http://127.0.0.1:8001")
     ap.add_argument("--policy", default="prefix_aware", choices=ROUTING_POLICIES)
