@@ -16,7 +16,6 @@ decision. A worker that cannot be reached answers 502, naming its URL; the route
 """
 from __future__ import annotations
 
-import threading
 import time
 from contextlib import asynccontextmanager
 from typing import Optional
@@ -57,8 +56,8 @@ def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: O
                      timeout_s: float = 600.0):
     """The router's FastAPI app. workers: the replicas' base URLs (http://host:port, with or without /v1)."""
     urls = check_workers(workers)
-    router = Router(policy, len(urls), cache_aware)
-    lock = threading.Lock()                                     # route/done from the event loop only; cheap anyway
+    router = Router(policy, len(urls), cache_aware)             # used by the event loop only: no lock
+
     @asynccontextmanager
     async def lifespan(app):
         yield
@@ -72,10 +71,6 @@ def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: O
         if app.state.client is None:
             app.state.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
         return app.state.client
-
-    def finished(i: int):
-        with lock:
-            router.done(i)
 
     def unreachable(i: int, e: Exception):
         return JSONResponse({"error": {"message": f"replica {i} at {urls[i]} cannot be reached "
@@ -91,14 +86,13 @@ def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: O
         if not isinstance(body, dict):
             return JSONResponse({"error": {"message": "the request body must be a JSON object", "type":
                                            "invalid_request_error", "param": None, "code": 400}}, status_code=400)
-        with lock:
-            i = router.route(prompt_key(request.url.path, body))
+        i = router.route(prompt_key(request.url.path, body))
         req = client().build_request("POST", urls[i] + request.url.path, content=raw,
                                      headers={"content-type": "application/json"})
         try:
             answer = await client().send(req, stream=True)
         except httpx.HTTPError as e:
-            finished(i)
+            router.done(i)
             return unreachable(i, e)
         headers = {"x-minillm-replica": str(i)}
         kind = answer.headers.get("content-type", "application/json")
@@ -109,13 +103,13 @@ def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: O
                         yield chunk
                 finally:                                         # also when the client went away: the replica's
                     await answer.aclose()                        # connection closes, which aborts the request there
-                    finished(i)
+                    router.done(i)
             return StreamingResponse(relay(), status_code=answer.status_code, media_type=kind, headers=headers)
         try:
             content = await answer.aread()
         finally:
             await answer.aclose()
-            finished(i)
+            router.done(i)
         return Response(content, status_code=answer.status_code, media_type=kind, headers=headers)
 
     for path in FORWARDED:
@@ -147,6 +141,14 @@ class BackgroundRouter(BackgroundApp):
         super().__init__(app, host, port, timeout_s, "router")
 
 
+def _run(sock, host: str, urls: list, policy: str, cache_aware: Optional[CacheAware] = None):
+    """The router in the foreground on an already bound socket, until Ctrl-C."""
+    from ..serve.server import _server
+    print(f"minillm router ({policy}) at http://{host}:{sock.getsockname()[1]}/v1 in front of {len(urls)} "
+          f"replicas: {', '.join(urls)} (GET /router: how it routed; Ctrl-C stops)", flush=True)
+    _server(build_router_app(urls, policy, cache_aware), log_level="info").run(sockets=[sock])
+
+
 def _without(argv: list, flags: tuple) -> list:
     """argv without these flags and their values (--flag V or --flag=V)."""
     out, skip = [], False
@@ -166,7 +168,7 @@ def serve_replicas(argv: list, n: int, policy: str, host: str, port: int, start_
     import subprocess
     import sys
 
-    from ..serve.server import _server, bind
+    from ..serve.server import bind
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"--data-parallel-size must be an integer >= 1, got {n!r}")
     check_policy(policy)
@@ -193,10 +195,7 @@ def serve_replicas(argv: list, n: int, policy: str, host: str, port: int, start_
                     if time.monotonic() > deadline:
                         raise ValueError(f"replica {i} on {url} did not answer within {start_timeout_s:.0f} s")
                     time.sleep(0.2)
-        app = build_router_app(urls, policy)
-        print(f"minillm router ({policy}) at http://{host}:{sock.getsockname()[1]}/v1 in front of {n} replicas: "
-              f"{', '.join(urls)} (GET /router: how it routed; Ctrl-C stops all)", flush=True)
-        _server(app, log_level="info").run(sockets=[sock])
+        _run(sock, host, urls, policy)
     finally:
         for proc in procs:
             proc.terminate()
@@ -213,8 +212,8 @@ def main(argv: list) -> int:
     """`python -m minillm router --worker URL ... [--policy P] [--port N]`: serve the router in the foreground."""
     import argparse
 
-    from ..cluster.router import ROUTING_POLICIES
-    from ..serve.server import _server, bind
+    from ..serve.server import bind
+    from .router import ROUTING_POLICIES
     ap = argparse.ArgumentParser(prog="python -m minillm router", description="one OpenAI-compatible server in "
                                  "front of `minillm serve` replicas: each request goes to the replica the policy picks")
     ap.add_argument("--worker", action="append", required=True, help="a replica's URL (repeat: one per replica), "
@@ -231,9 +230,5 @@ def main(argv: list) -> int:
         except httpx.HTTPError as e:
             raise SystemExit(f"replica {u} does not answer GET /v1/models ({type(e).__name__}: {e}): start it "
                              f"with `python -m minillm serve --model M --port N` first")
-    sock = bind(a.host, a.port)
-    app = build_router_app(urls, a.policy, CacheAware(cache_threshold=a.cache_threshold))
-    print(f"minillm router ({a.policy}) at http://{a.host}:{sock.getsockname()[1]}/v1 in front of "
-          f"{', '.join(urls)} (GET /router: how it routed; Ctrl-C stops)", flush=True)
-    _server(app, log_level="info").run(sockets=[sock])
+    _run(bind(a.host, a.port), a.host, urls, a.policy, CacheAware(cache_threshold=a.cache_threshold))
     return 0
