@@ -98,44 +98,55 @@ NR = 8       # CPU twin: output columns per tile (8 accumulators, one AVX2 regis
 KC = 512     # CPU twin: inputs per pass; the tile's 8 weight rows (NR x KC floats, 16 KiB) stay in L1 for all M rows
 
 
-@njit(fastmath=True, cache=True, inline="always")
-def _dots(xr, w, n0, k0, k1):
-    """The NR dot products of xr[k0:k1] (one row of x) with w[n0:n0+NR, k0:k1], in one pass over k: each x value
-    is loaded once for NR multiply-adds, and the compiler vectorises the k loop (NR accumulators of 8 lanes).
-    Inlined into linear_cpu's one call site: the same machine code for every row, whatever M is."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
-    for k in range(k0, k1):
-        xv = xr[k]
-        a0 += xv * w[n0, k]
-        a1 += xv * w[n0 + 1, k]
-        a2 += xv * w[n0 + 2, k]
-        a3 += xv * w[n0 + 3, k]
-        a4 += xv * w[n0 + 4, k]
-        a5 += xv * w[n0 + 5, k]
-        a6 += xv * w[n0 + 6, k]
-        a7 += xv * w[n0 + 7, k]
-    return a0, a1, a2, a3, a4, a5, a6, a7
-
-
 @njit(parallel=True, fastmath=True, cache=True)
 def linear_cpu(x, w, y):
     """y (M, N) = x (M, K) @ w (N, K)^T, in place: a blocked matmul. Tiles of NR output columns are split
     across threads (as run.c's `#pragma omp parallel for` over its matmul's rows); a tile's NR weight rows
     are read from memory once, KC inputs at a time, and used for every row of x while they sit in L1, so a
     batch of M rows (batched decode, the 1 + k tokens of speculative verification) costs little more than
-    one. Each y[m, n] is summed in one fixed order (the k loop of _dots, then the KC chunks in order),
-    whatever M is, so a row's result does not depend on what else is in the batch, bit for bit."""
+    one. Each y[m, n] is summed in one fixed order (the k loop below, then the KC chunks in order),
+    whatever M is, so a row's result does not depend on what else is in the batch, bit for bit.
+
+    The inner loop is written out, NR named accumulators: each x value is loaded once for NR multiply-adds and
+    LLVM vectorises the k loop (NR accumulators of 8 or 16 lanes); the indices are unsigned, since numba tests a
+    signed index for wrap-around (x[-1]) and that test slows the loop. Keep it in this function's body: moved into
+    a helper returning a tuple (even inline="always"), numba 0.68 compiles it 3-8x slower (`bench batched`
+    reports the fraction of torch's matmul FLOP/s that shows it)."""
     M, K = x.shape
     N = w.shape[0]
     for t in prange((N + NR - 1) // NR):
         n0 = t * NR
         if n0 + NR <= N:
+            w0, w1, w2, w3 = w[n0], w[n0 + 1], w[n0 + 2], w[n0 + 3]          # the tile's NR weight rows (K,)
+            w4, w5, w6, w7 = w[n0 + 4], w[n0 + 5], w[n0 + 6], w[n0 + 7]
             for k0 in range(0, K, KC):
-                k1 = min(k0 + KC, K)
+                o, nk = np.uint64(k0), np.uint64(min(KC, K - k0))   # unsigned: no wrap-around test on x[k]
                 for m in range(M):
-                    a = _dots(x[m], w, n0, k0, k1)
-                    for j in range(NR):
-                        y[m, n0 + j] = a[j] if k0 == 0 else y[m, n0 + j] + a[j]
+                    xr = x[m]
+                    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+                    for i in range(nk):
+                        k = o + i
+                        xv = xr[k]
+                        a0 += xv * w0[k]
+                        a1 += xv * w1[k]
+                        a2 += xv * w2[k]
+                        a3 += xv * w3[k]
+                        a4 += xv * w4[k]
+                        a5 += xv * w5[k]
+                        a6 += xv * w6[k]
+                        a7 += xv * w7[k]
+                    if k0 == 0:          # the first chunk's sums, then each later chunk's added in order
+                        y[m, n0], y[m, n0 + 1], y[m, n0 + 2], y[m, n0 + 3] = a0, a1, a2, a3
+                        y[m, n0 + 4], y[m, n0 + 5], y[m, n0 + 6], y[m, n0 + 7] = a4, a5, a6, a7
+                    else:
+                        y[m, n0] += a0
+                        y[m, n0 + 1] += a1
+                        y[m, n0 + 2] += a2
+                        y[m, n0 + 3] += a3
+                        y[m, n0 + 4] += a4
+                        y[m, n0 + 5] += a5
+                        y[m, n0 + 6] += a6
+                        y[m, n0 + 7] += a7
         else:                             # the last N % NR columns: one at a time (the same columns at every M)
             for n in range(n0, N):
                 for m in range(M):
