@@ -24,6 +24,7 @@ import numpy as np
 from numba import float32, int64, njit, prange
 
 from . import check_array, cuda_kernel, empty_like, to_device
+from .softmax import exp32
 
 cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
 
@@ -205,28 +206,28 @@ def _attend(q, k_pool, v_pool, table, hk, p0, p1, s, acc, start, visible):
     position order, then the max, then exps and sums in position order (no dependence on other rows).
     A tree of new tokens (Medusa): position p in [start, start + len(visible)) is skipped unless
     visible[p - start] (its ancestors); an empty `visible` sees every position."""
-    BS, D = k_pool.shape[1], q.shape[0]
-    scale = np.float32(1.0 / np.sqrt(D))
+    BS, D = k_pool.shape[1], np.uint64(q.shape[0])     # unsigned d: no wrap-around test, so the d loops vectorise
+    scale = np.float32(1.0 / np.sqrt(q.shape[0]))
     m, lsum = np.float32(NEG), np.float32(0.0)
     for p in range(p0, p1):
         if start <= p < start + visible.shape[0] and not visible[p - start]:
             s[p - p0] = NEG
             continue
-        blk, off = table[p // BS], p % BS
+        kr = k_pool[table[p // BS], p % BS, hk]            # (D,) this position's key
         dot = np.float32(0.0)
         for d in range(D):
-            dot += q[d] * k_pool[blk, off, hk, d]
+            dot += q[d] * kr[d]
         s[p - p0] = dot * scale
         m = max(m, s[p - p0])
     acc[:] = 0.0
     for p in range(p0, p1):
         if s[p - p0] == NEG:
             continue
-        blk, off = table[p // BS], p % BS
-        e = np.exp(s[p - p0] - m)
+        vr = v_pool[table[p // BS], p % BS, hk]            # (D,) its value
+        e = exp32(s[p - p0] - m)
         lsum += e
         for d in range(D):
-            acc[d] += e * v_pool[blk, off, hk, d]
+            acc[d] += e * vr[d]
     return m, lsum
 
 

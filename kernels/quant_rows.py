@@ -40,6 +40,7 @@ from numba.extending import intrinsic
 
 from . import check_array
 from .paged_attention import NEG
+from .softmax import exp32
 
 NR = 8        # weight rows per tile: 8 accumulators, one AVX2 register each once the k loop is vectorised
 KC = 512      # inputs per pass of the dot products: NR x KC dequantized floats (16 KiB) stay in L1 for all M rows
@@ -397,7 +398,7 @@ def _attend_int8(q, k_pool, v_pool, k_scale, v_scale, table, hk, n, s, acc, star
         if s[p] == NEG:
             continue
         blk, off = table[p // BS], p % BS
-        e = np.exp(s[p] - m)
+        e = exp32(s[p] - m)
         lsum += e
         w = e * v_scale[blk, off, hk]
         vv = v_pool[blk, off, hk]

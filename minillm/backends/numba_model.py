@@ -55,6 +55,7 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
     qkv = np.empty((R, HD + 2 * KVD), np.float32)       # (R, H*D + 2*Hkv*D)
     att = np.empty((R, HD), np.float32)                 # (R, H*D)
     h13 = np.empty((R, 2 * F), np.float32)              # (R, 2F) gate | up
+    act = np.empty((R, F), np.float32)                  # (R, F) silu(gate) * up
     rmsnorm_rows(x, rms_att[0], eps, xb)
     for li in range(L):
         linear(xb, layer(wqkv, li), qkv)
@@ -71,9 +72,8 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
         linear(att, layer(wo, li), out)
         add_rmsnorm_rows(out, x, rms_ffn[li], eps, xb)  # x += attention; xb = rmsnorm(x)
         linear(xb, layer(w13, li), h13)
-        h = np.ascontiguousarray(h13[:, :F])            # (R, F) gate
-        swiglu_rows(h, np.ascontiguousarray(h13[:, F:]), h)  # h = silu(gate) * up
-        linear(h, layer(w2, li), out)
+        swiglu_rows(np.ascontiguousarray(h13[:, :F]), np.ascontiguousarray(h13[:, F:]), act)  # not in place:
+        linear(act, layer(w2, li), out)                 # in place, LLVM would run the loop's slow scalar copy
         add_rmsnorm_rows(out, x, rms_att[li + 1] if li + 1 < L else rms_final, eps, xb)  # x += mlp; next norm
     xl = np.empty((last.shape[0], C), np.float32)       # (N, C) only the rows whose next token is wanted
     for b in range(last.shape[0]):
