@@ -151,7 +151,8 @@ def main(argv: list[str]) -> int:
                    help="default auto: the engine's choice (numba on a CPU)")
     d.add_argument("--runc", default=None, help="a run.c binary you built, timed on the same file (-n steps, greedy)")
     d.add_argument("--prompt", default="",
-                   help="the same prompt for both (run.c stops at BOS; a prompt keeps it going)")
+                   help="the same prompt for both (default with --runc: 'To be, or not to be', since run.c stops at "
+                        "BOS and a prompt keeps it going)")
     d.add_argument("--quick", action="store_true", help="3 runs of 64 steps: a smoke test")
     d.add_argument("--json", default=None, help="also write the result to this file")
     a = ap.parse_args(argv)

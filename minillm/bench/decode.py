@@ -26,6 +26,7 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
     files = runc_files(model, tokenizer, (net, tok)) if runc else None
     if runc:
         check_runc(runc, *files)                 # before any long measurement: a wrong --runc fails now
+        prompt = prompt or RUNC_CHECK_PROMPT     # run.c with no prompt may sample BOS at once and print no rate
     backend, _ = choose_backend(EngineConfig(backend=backend), None, net)   # "auto": numba on a CPU
     net = backend_model(net, backend)
     if backend == "numba":       # as `run --backend numba`: numba's threads work, torch's would spin against them

@@ -90,24 +90,26 @@ class ModelRunner:
     def _forward(self, rows: list, queries: list, index: list, out: RunnerOutput):
         B, T = len(rows), max(len(q.tokens) for q in queries)
         M = max(len(r.seq.block_table) for r in rows)
-        tokens = torch.zeros(B, T, dtype=torch.long)                    # (B, T)
-        slots_at = torch.zeros(B, T, dtype=torch.long)                  # (B, T) cache positions
-        rope_at = torch.zeros(B, T, dtype=torch.long)                   # (B, T) RoPE positions
-        valid = torch.zeros(B, T, dtype=torch.bool)                     # (B, T) written to the cache
-        tables = torch.zeros(B, M, dtype=torch.long)                    # (B, M)
+        tok, slot, rope, wr, tab = [], [], [], [], []     # flat lists, padded row by row: one tensor each below
         trees = any(q.mask is not None for q in queries)
         mask = torch.ones(B, T, T, dtype=torch.bool) if trees else None  # (B, T, T)
         select = []
         for b, (r, q) in enumerate(zip(rows, queries)):
             n, ev = len(q.tokens), r.seq.evicted       # eviction: a token's cache index is its position - evicted
-            tokens[b, :n] = torch.tensor(q.tokens)
-            slots_at[b, :n] = torch.tensor(q.slots_at) - ev
-            rope_at[b, :n] = torch.tensor(q.rope_at) - ev
-            valid[b, :n] = r.writes
-            tables[b, :len(r.seq.block_table)] = torch.tensor(r.seq.block_table)
+            pad = [0] * (T - n)
+            tok += q.tokens + pad
+            slot += [p - ev for p in q.slots_at] + pad
+            rope += [p - ev for p in q.rope_at] + pad
+            wr += [r.writes] * n + [False] * (T - n)
+            tab += r.seq.block_table + [0] * (M - len(r.seq.block_table))
             if q.mask is not None:
                 mask[b, :n, :n] = q.mask
             select += [b * T + j for j in q.wanted + q.prompt]
+        tokens = torch.tensor(tok, dtype=torch.long).view(B, T)        # (B, T)
+        slots_at = torch.tensor(slot, dtype=torch.long).view(B, T)     # (B, T) cache positions
+        rope_at = torch.tensor(rope, dtype=torch.long).view(B, T)      # (B, T) RoPE positions
+        valid = torch.tensor(wr, dtype=torch.bool).view(B, T)          # (B, T) written to the cache
+        tables = torch.tensor(tab, dtype=torch.long).view(B, M)        # (B, M)
         context_lens = torch.tensor([r.start - r.seq.evicted + len(q.tokens) for r, q in zip(rows, queries)])  # (B,)
         attn = AttentionMetadata.build(slots_at, tables, context_lens, self.kv.block_size, valid)
         attn.tree_mask = mask
