@@ -11,7 +11,10 @@ reads drop by a factor of TILE.
 from __future__ import annotations
 
 import numpy as np
-from numba import float32, njit, prange
+from llvmlite import ir
+from numba import float32, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from . import blocks, check_array, cuda_kernel, empty_like, to_device
 
@@ -94,64 +97,119 @@ def gemv_cuda(w, x):
 
 # ----------------------------------------------------------------------------- CPU twins
 
-NR = 8       # CPU twin: output columns per tile (8 accumulators, one AVX2 register each once vectorised over k)
-KC = 512     # CPU twin: inputs per pass; the tile's 8 weight rows (NR x KC floats, 16 KiB) stay in L1 for all M rows
+LANES = 8    # CPU twin: floats per vector register (AVX2; an AVX-512 machine runs the same 8-wide code)
+NR = 8       # CPU twin: output columns per tile, the unit split across threads
+MR = 4       # CPU twin: rows of x per micro-kernel call once a step has that many (batched decode, k + 1 tokens)
+I64 = ir.IntType(64)
+VF = ir.VectorType(ir.FloatType(), LANES)
+
+
+def _make_tile(mr: int, nr: int):
+    """A micro-kernel, written as LLVM IR: y[m0:m0+mr, n0:n0+nr] = the first 8 * steps inputs' dot products of
+    rows m0.. of x (M, K) with rows n0.. of w (N, K). Its loop keeps mr * nr accumulators of LANES floats in
+    registers: each step loads mr vectors of x and nr of w and does mr * nr fused multiply-adds, so at mr = 4
+    every weight load serves 4 rows (the plain loop, one row at a time, was bound by loads at ~35 GF/s a core).
+    Every y[m, n] is computed the same way whatever mr and nr are: lane l sums x[m, k] w[n, k] over k = l, l + 8,
+    ... in order with fma, then the lanes add in one fixed tree ((0+1)+(2+3))+((4+5)+(6+7)). Written by hand, not
+    left to LLVM's vectoriser, because that order is the point: the vectoriser picks its own interleaving per
+    loop (another order for the 4-row loop than for the 1-row one), and numba leaves its SLP vectoriser off.
+    Rows are contiguous inside (any row stride). No bounds checks: the caller keeps the indices in range."""
+    @intrinsic
+    def tile(typingctx, x, w, y, m0, n0, steps):
+        sig = types.void(x, w, y, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            xa, wa, ya = (context.make_array(t)(context, builder, v) for t, v in zip(signature.args[:3], args[:3]))
+            m0, n0, steps = args[3:]
+
+            def row(arr, i):                                   # float* to row i of a 2-D array
+                stride = cgutils.unpack_tuple(builder, arr.strides, 2)[0]
+                at = builder.add(builder.ptrtoint(arr.data, I64), builder.mul(i, stride))
+                return builder.inttoptr(at, ir.FloatType().as_pointer())
+
+            def const(v):
+                return ir.Constant(I64, v)
+            xr = [row(xa, builder.add(m0, const(i))) for i in range(mr)]
+            wr = [row(wa, builder.add(n0, const(j))) for j in range(nr)]
+            fma = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(VF, [VF] * 3))
+            zero = ir.Constant(VF, [0.0] * LANES)
+            entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+            builder.cbranch(builder.icmp_signed(">", steps, const(0)), loop, done)
+
+            builder.position_at_end(loop)                      # for k in range(steps): acc[i][j] += x_i . w_j
+            k = builder.phi(I64)
+            acc = [[builder.phi(VF) for _ in range(nr)] for _ in range(mr)]
+            off = builder.mul(k, const(LANES))
+
+            def load(p):
+                return builder.load(builder.bitcast(builder.gep(p, [off]), VF.as_pointer()), align=4)
+            xv, wv = [load(p) for p in xr], [load(p) for p in wr]
+            new = [[builder.call(fma, [xv[i], wv[j], acc[i][j]]) for j in range(nr)] for i in range(mr)]
+            k1 = builder.add(k, const(1))
+            builder.cbranch(builder.icmp_signed("<", k1, steps), loop, done)
+            k.add_incoming(const(0), entry)
+            k.add_incoming(k1, loop)
+
+            builder.position_at_end(done)                      # lanes added in a fixed tree, stored to y
+            fin = [[builder.phi(VF) for _ in range(nr)] for _ in range(mr)]    # phis first in the block
+            for i in range(mr):
+                for j in range(nr):
+                    for phi in (acc[i][j], fin[i][j]):
+                        phi.add_incoming(zero, entry)
+                        phi.add_incoming(new[i][j], loop)
+            for i in range(mr):
+                out = row(ya, builder.add(m0, const(i)))
+                for j in range(nr):
+                    e = [builder.extract_element(fin[i][j], ir.Constant(ir.IntType(32), lane)) for lane in range(LANES)]
+                    s = builder.fadd(builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3])),
+                                     builder.fadd(builder.fadd(e[4], e[5]), builder.fadd(e[6], e[7])))
+                    builder.store(s, builder.gep(out, [builder.add(n0, const(j))]))
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+_tile_4x4, _tile_2x4, _tile_1x4, _tile_1x1 = _make_tile(MR, 4), _make_tile(2, 4), _make_tile(1, 4), _make_tile(1, 1)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def linear_cpu(x, w, y):
     """y (M, N) = x (M, K) @ w (N, K)^T, in place: a blocked matmul. Tiles of NR output columns are split
-    across threads (as run.c's `#pragma omp parallel for` over its matmul's rows); a tile's NR weight rows
-    are read from memory once, KC inputs at a time, and used for every row of x while they sit in L1, so a
-    batch of M rows (batched decode, the 1 + k tokens of speculative verification) costs little more than
-    one. Each y[m, n] is summed in one fixed order (the k loop below, then the KC chunks in order),
-    whatever M is, so a row's result does not depend on what else is in the batch, bit for bit.
-
-    The inner loop is written out, NR named accumulators: each x value is loaded once for NR multiply-adds and
-    LLVM vectorises the k loop (NR accumulators of 8 or 16 lanes); the indices are unsigned, since numba tests a
-    signed index for wrap-around (x[-1]) and that test slows the loop. Keep it in this function's body: moved into
-    a helper returning a tuple (even inline="always"), numba 0.68 compiles it 3-8x slower (`bench batched`
-    reports the fraction of torch's matmul FLOP/s that shows it)."""
+    across threads (as run.c's `#pragma omp parallel for` over its matmul's rows); in a tile, rows of x go MR at
+    a time through the 4 x 4 micro-kernel (each weight vector loaded once for 4 rows, each x vector for 4
+    columns) and the last M % 4 through the 2 x 4 and 1 x 4 ones, so a batch of M rows (batched decode, the
+    1 + k tokens of speculative verification, a prefill chunk) costs far less than M single rows. Each y[m, n]
+    is summed in one fixed order (_make_tile: 8 lanes over k, a fixed tree, then the last K % 8 inputs in
+    order), the same in every micro-kernel, so a row's result does not depend on what else is in the batch or
+    where it sits in it, bit for bit (tests/test_numba_backend.py). Rows of x, w and y are contiguous inside."""
     M, K = x.shape
     N = w.shape[0]
+    steps = K // LANES
     for t in prange((N + NR - 1) // NR):
         n0 = t * NR
-        if n0 + NR <= N:
-            w0, w1, w2, w3 = w[n0], w[n0 + 1], w[n0 + 2], w[n0 + 3]          # the tile's NR weight rows (K,)
-            w4, w5, w6, w7 = w[n0 + 4], w[n0 + 5], w[n0 + 6], w[n0 + 7]
-            for k0 in range(0, K, KC):
-                o, nk = np.uint64(k0), np.uint64(min(KC, K - k0))   # unsigned: no wrap-around test on x[k]
-                for m in range(M):
-                    xr = x[m]
-                    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
-                    for i in range(nk):
-                        k = o + i
-                        xv = xr[k]
-                        a0 += xv * w0[k]
-                        a1 += xv * w1[k]
-                        a2 += xv * w2[k]
-                        a3 += xv * w3[k]
-                        a4 += xv * w4[k]
-                        a5 += xv * w5[k]
-                        a6 += xv * w6[k]
-                        a7 += xv * w7[k]
-                    if k0 == 0:          # the first chunk's sums, then each later chunk's added in order
-                        y[m, n0], y[m, n0 + 1], y[m, n0 + 2], y[m, n0 + 3] = a0, a1, a2, a3
-                        y[m, n0 + 4], y[m, n0 + 5], y[m, n0 + 6], y[m, n0 + 7] = a4, a5, a6, a7
-                    else:
-                        y[m, n0] += a0
-                        y[m, n0 + 1] += a1
-                        y[m, n0 + 2] += a2
-                        y[m, n0 + 3] += a3
-                        y[m, n0 + 4] += a4
-                        y[m, n0 + 5] += a5
-                        y[m, n0 + 6] += a6
-                        y[m, n0 + 7] += a7
+        n1 = min(n0 + NR, N)
+        if n1 - n0 == NR:
+            m0 = 0
+            while m0 + MR <= M:
+                _tile_4x4(x, w, y, m0, n0, steps)
+                _tile_4x4(x, w, y, m0, n0 + 4, steps)
+                m0 += MR
+            if m0 + 2 <= M:
+                _tile_2x4(x, w, y, m0, n0, steps)
+                _tile_2x4(x, w, y, m0, n0 + 4, steps)
+                m0 += 2
+            if m0 < M:
+                _tile_1x4(x, w, y, m0, n0, steps)
+                _tile_1x4(x, w, y, m0, n0 + 4, steps)
         else:                             # the last N % NR columns: one at a time (the same columns at every M)
-            for n in range(n0, N):
+            for n in range(n0, n1):
                 for m in range(M):
-                    acc = np.float32(0.0)
-                    for k in range(K):
+                    _tile_1x1(x, w, y, m, n, steps)
+        if steps * LANES < K:             # the last K % 8 inputs, added in order
+            for m in range(M):
+                for n in range(n0, n1):
+                    acc = y[m, n]
+                    for k in range(steps * LANES, K):
                         acc += x[m, k] * w[n, k]
                     y[m, n] = acc
 
