@@ -245,47 +245,17 @@ def paged_attention_tree_rows(q, k_pool, v_pool, block_tables, context_lens, sta
     """paged_attention_rows for a step whose new tokens form a tree (Medusa's candidates): row r's positions
     from starts[r] on are the step's new tokens, and it sees new token u only where visible[r, u] (R, T)
     (torch's AttentionMetadata.tree_mask); the cached positions before starts[r] it sees all. visible (R, 0):
-    no tree, row r sees its first context_lens[r] positions.
-    One (row, KV head) per prange iteration: its `group` query heads (GQA) read each cached key and value once.
-    Per head, in a fixed order: the scores in position order, their max, exp32 of each and their sum in position
-    order, the weighted values in position order, so a row's result does not depend on the other rows."""
+    no tree, row r sees its first context_lens[r] positions."""
     R, H, D = q.shape
-    Hkv, BS = k_pool.shape[2], k_pool.shape[1]
-    group, Du = H // Hkv, np.uint64(D)              # unsigned d: no wrap-around test, so the d loops vectorise
-    scale = np.float32(1.0 / np.sqrt(D))
-    for idx in prange(R * Hkv):
-        r, hk = idx // Hkv, idx % Hkv
-        n, start, vis, table = context_lens[r], starts[r], visible[r], block_tables[r]
-        s = np.empty((group, max(n, 1)), np.float32)     # (group, n) scores, then exp(score - max)
-        for p in range(n):
-            kr = k_pool[table[p // BS], p % BS, hk]        # (D,) this position's key, read once for the group
-            hidden = start <= p < start + vis.shape[0] and not vis[p - start]
-            for g in range(group):
-                qv, dot = q[r, hk * group + g], np.float32(0.0)
-                for d in range(Du):
-                    dot += qv[d] * kr[d]
-                s[g, p] = NEG if hidden else dot * scale
-        lsum = np.zeros(group, np.float32)               # (group,)
-        for g in range(group):
-            sg, m = s[g], np.float32(NEG)
-            for p in range(n):
-                m = max(m, sg[p])
-            for p in range(n):                           # a hidden position weighs 0 (even if all are hidden)
-                e = exp32(sg[p] - m) if sg[p] != NEG else np.float32(0.0)
-                sg[p] = e
-                lsum[g] += e
-            out[r, hk * group + g, :] = 0.0
-        for p in range(n):
-            vr = v_pool[table[p // BS], p % BS, hk]        # (D,) its value, read once for the group
-            for g in range(group):
-                e, acc = s[g, p], out[r, hk * group + g]
-                if e != 0.0:
-                    for d in range(Du):
-                        acc[d] += e * vr[d]
-        for g in range(group):
-            acc = out[r, hk * group + g]
-            for d in range(Du):
-                acc[d] = acc[d] / lsum[g] if lsum[g] > 0 else 0.0
+    group = H // k_pool.shape[2]
+    for idx in prange(R * H):
+        r, h = idx // H, idx % H
+        n = context_lens[r]
+        s = np.empty(max(n, 1), np.float32)
+        m, lsum = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, 0, n, s, out[r, h],
+                          starts[r], visible[r])
+        for d in range(D):
+            out[r, h, d] = out[r, h, d] / lsum if lsum > 0 else 0.0
 
 
 @njit(parallel=True, fastmath=True, cache=True)
