@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 from close import assert_close
-from minillm.kernels.matmul import gemv_cpu, matmul_cpu
+from minillm.kernels.matmul import gemv_cpu, linear_cpu, matmul_cpu
 
 
 @pytest.mark.parametrize("M,K,N", [(1, 288, 768), (7, 768, 288), (33, 256, 4096), (3, 5, 1), (5, 1100, 37)])
@@ -11,19 +11,29 @@ def test_matmul_cpu_equals_torch(M, K, N):
     g = torch.Generator().manual_seed(M + K + N)
     x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
     # float32 dot products of K <= 1100 terms in another order: errors ~sqrt(K) * 6e-8 * |terms| ~ 1e-5 absolute
-    # (K = 1100 > KC: partial sums over two chunks; N = 37: four tiles of NR and five single columns)
+    # (M = 7, 33: the 4-row, 2-row and 1-row micro-kernels; K = 5, 1100: a K % 8 tail; N = 37: four tiles of NR and
+    # five single columns)
     assert_close(torch.from_numpy(matmul_cpu(x.numpy(), w.numpy())), x @ w.T, atol=2e-4, rtol=1e-4, name="matmul_cpu")
     assert_close(torch.from_numpy(gemv_cpu(w.numpy(), x[0].numpy())), w @ x[0], atol=1e-4, rtol=1e-4, name="gemv_cpu")
 
 
-@pytest.mark.parametrize("K", [288, 1100])   # one pass over k, and two KC chunks
+@pytest.mark.parametrize("K", [288, 1100, 5])   # whole 8-lane steps; a K % 8 tail; only the tail
 def test_a_rows_result_does_not_depend_on_the_batch(K):
+    """Each row of every batch size 1..9 (so it goes through the 4-row, 2-row or 1-row micro-kernel, at any place
+    in it) equals that row computed alone, bit for bit; also from a wider array (rows with a stride)."""
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((9, K), dtype=np.float32), rng.standard_normal((300, K), dtype=np.float32)
-    full = matmul_cpu(x, w)
-    for m in range(9):
-        assert np.array_equal(matmul_cpu(x[m:m + 1], w)[0], full[m])      # bit for bit
-        assert np.array_equal(gemv_cpu(w, x[m]), full[m])
+    alone = [matmul_cpu(x[m:m + 1], w)[0] for m in range(9)]
+    for M in range(1, 10):
+        full = matmul_cpu(x[:M], w)
+        for m in range(M):
+            assert np.array_equal(full[m], alone[m]), (M, m)              # bit for bit
+    wide = np.zeros((9, K + 3), np.float32)
+    wide[:, :K] = x
+    strided = np.empty((9, 300), np.float32)
+    linear_cpu(wide[:, :K], w, strided)
+    assert all(np.array_equal(strided[m], alone[m]) for m in range(9))
+    assert all(np.array_equal(gemv_cpu(w, x[m]), alone[m]) for m in range(9))
 
 
 def test_use_simulator_works_after_numba_is_imported_and_refuses_a_late_switch():
