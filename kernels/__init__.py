@@ -1,10 +1,11 @@
 """minillm.kernels: numba kernels, one family per file, each as a CUDA kernel (@cuda.jit) with its
 launcher and a CPU twin (@njit).
 
-    matmul.py           tiled matmul with shared memory (y = x W^T), and GEMV; matmul_naive.py
+    matmul.py           tiled matmul with shared memory (y = x W^T), and GEMV; matmul_naive.py; the CPU
+                        twin's register-blocked micro-kernels (LLVM vector code)
     rmsnorm.py          RMSNorm, and fused residual-add + RMSNorm
     rope.py             rotary embedding in llama2.c's pair layout
-    softmax.py          three-pass (block reduction) and online softmax
+    softmax.py          three-pass (block reduction) and online softmax; exp32, the CPU twins' vectorising exp
     swiglu.py           fused SiLU(gate) * up
     flash_attention.py  FlashAttention forward (tiles, online softmax, causal); FLAT; naive reference
     paged_attention.py  decode attention through block tables; flash-decoding
