@@ -204,8 +204,16 @@ def sampling_probs(logits, params: SamplingParams):
 def sample(logits, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
     """One token from one row of logits (V,), already through transform_logits."""
     if params.greedy:
-        return int(torch.argmax(logits))
+        return argmax(logits)
     return int(torch.multinomial(sampling_probs(logits, params), 1, generator=generator))
+
+
+def argmax(logits) -> int:
+    """The first index of the largest value of logits (V,), as torch.argmax; through numpy for a CPU float tensor
+    (2 us instead of 13: a 32-sequence greedy step calls it 32 times)."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64, torch.float16):
+        return int(logits.numpy().argmax())
+    return int(torch.argmax(logits))
 
 
 def sample_batch(logits, params: list[SamplingParams], generators: list, contexts: Optional[list] = None) -> list[int]:

@@ -31,7 +31,7 @@ import torch
 from ..guided.processor import jump_forward
 from .batch import Draft, ScheduledBatch, Verdict
 from .logprobs import entries, prompt_entries, scored
-from .sampling import sample, sampling_probs, transform_logits
+from .sampling import argmax, sample, sampling_probs, transform_logits
 from .sequence import Sequence
 
 
@@ -107,7 +107,7 @@ def _decide(seq: Sequence, logits: torch.Tensor, draft: Optional[Draft], rule: C
     if k == 0:
         return Verdict(tokens=[sample(at(0), params, seq.generator)])
     if params.greedy:
-        nxt = [int(torch.argmax(at(j))) for j in range(k + 1)]
+        nxt = [argmax(at(j)) for j in range(k + 1)]
         path = greedy_path(draft, nxt)
         last = path[-1] + 1 if path else 0
         if draft.is_chain:
