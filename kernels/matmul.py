@@ -116,6 +116,8 @@ def _make_tile(mr: int, nr: int):
     Rows are contiguous inside (any row stride). No bounds checks: the caller keeps the indices in range."""
     @intrinsic
     def tile(typingctx, x, w, y, m0, n0, steps):
+        if not all(isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32 for a in (x, w, y)):
+            return None                                        # float32 matrices only (a typing error otherwise)
         sig = types.void(x, w, y, types.intp, types.intp, types.intp)
 
         def codegen(context, builder, signature, args):
@@ -161,8 +163,9 @@ def _make_tile(mr: int, nr: int):
                 out = row(ya, builder.add(m0, const(i)))
                 for j in range(nr):
                     e = [builder.extract_element(fin[i][j], ir.Constant(ir.IntType(32), lane)) for lane in range(LANES)]
-                    s = builder.fadd(builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3])),
-                                     builder.fadd(builder.fadd(e[4], e[5]), builder.fadd(e[6], e[7])))
+                    def add(a, b):                     # a flag of its own: numba's fastmath pass, which adds
+                        return builder.fadd(a, b, flags=("nsz",))   # `fast` (reassociation) to flagless ones, skips it
+                    s = add(add(add(e[0], e[1]), add(e[2], e[3])), add(add(e[4], e[5]), add(e[6], e[7])))
                     builder.store(s, builder.gep(out, [builder.add(n0, const(j))]))
             return context.get_dummy_value()
         return sig, codegen
@@ -184,6 +187,8 @@ def linear_cpu(x, w, y):
     where it sits in it, bit for bit (tests/test_numba_backend.py). Rows of x, w and y are contiguous inside."""
     M, K = x.shape
     N = w.shape[0]
+    if x.strides[1] != 4 or w.strides[1] != 4 or y.strides[1] != 4:
+        raise ValueError("linear_cpu: the rows of x, w and y must be contiguous (the micro-kernels load 8 at a time)")
     steps = K // LANES
     for t in prange((N + NR - 1) // NR):
         n0 = t * NR

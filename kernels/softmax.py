@@ -148,9 +148,9 @@ def exp32(x):
     expf: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so n ln2 is exact), exp(r) by a degree-6
     polynomial, then n added to its exponent bits (ldexp: exact, and no 2^n that could overflow on its own).
     Within 2 ulp of exp (tests/test_kernels_softmax.py); inf above EXP32_HI, 0 below EXP32_LO (no values near
-    float32's smallest normal, 1.2e-38); exp(-inf) = 0. Compiled without fastmath's reassociation, which
-    would fold the two parts of n ln2 into one and lose the reduction's precision (4.6 ulp); LLVM inlines it into
-    the caller's loop as it is."""
+    float32's smallest normal, 1.2e-38); exp(-inf) = 0; a NaN gives 0 (its callers' fastmath assumes none).
+    Compiled without fastmath's reassociation, which would fold the two parts of n ln2 into one and lose the
+    reduction's precision (4.6 ulp); LLVM inlines it into the caller's loop as it is."""
     c = min(max(x, EXP32_LO), EXP32_HI)
     n = np.floor(c * np.float32(1.44269504088896341) + np.float32(0.5))     # round(x / ln2)
     r = c - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)  # x - n ln2, ln2 in two parts
