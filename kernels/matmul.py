@@ -193,7 +193,10 @@ def linear_cpu(x, w, y):
     for t in prange((N + NR - 1) // NR):
         n0 = t * NR
         n1 = min(n0 + NR, N)
-        if n1 - n0 == NR:
+        if M == 1:                        # one row: one weight row at a time, a single stream per thread
+            for n in range(n0, n1):
+                _tile_1x1(x, w, y, 0, n, steps)
+        elif n1 - n0 == NR:
             m0 = 0
             while m0 + MR <= M:
                 _tile_4x4(x, w, y, m0, n0, steps)

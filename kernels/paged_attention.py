@@ -25,6 +25,7 @@ from numba import float32, int64, njit, prange
 
 from . import check_array, cuda_kernel, empty_like, to_device
 from .softmax import exp32
+from .vec8 import axpy8, dot8
 
 cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
 
@@ -200,42 +201,61 @@ def flash_decoding_cuda(q, k_pool, v_pool, block_tables, context_lens, num_split
 # ----------------------------------------------------------------------------- CPU twins
 
 @njit(fastmath=True, cache=True)
-def _attend(q, k_pool, v_pool, table, hk, p0, p1, s, acc, start, visible):
-    """Positions [p0, p1) of one row for one head: q (D,), table (M,), s (>= p1 - p0,) scratch.
-    acc (D,) <- sum_p exp(s_p - m) v_p; returns (m, lsum = sum_p exp(s_p - m)). One fixed order: scores in
-    position order, then the max, then exps and sums in position order (no dependence on other rows).
-    A tree of new tokens (Medusa): position p in [start, start + len(visible)) is skipped unless
-    visible[p - start] (its ancestors); an empty `visible` sees every position."""
-    BS, D = k_pool.shape[1], np.uint64(q.shape[0])     # unsigned d: no wrap-around test, so the d loops vectorise
-    scale = np.float32(1.0 / np.sqrt(q.shape[0]))
-    m, lsum = np.float32(NEG), np.float32(0.0)
+def attend_heads(q, k_pool, v_pool, k_scale, v_scale, table, h0, h1, p0, p1, start, visible, s, m, lsum, acc):
+    """Heads h0 .. h1 - 1 of one row over its positions [p0, p1): q (H, D), table (M,) its block table,
+    s (h1 - h0, >= p1 - p0) scratch; writes m, lsum (h1 - h0,) each head's max score and sum_p exp(s_p - m),
+    and acc (H, D) rows h0 .. h1 - 1 <- sum_p exp(s_p - m) v_p (not yet divided by lsum).
+    Position-major: a position's K (then V) for all these heads is one contiguous piece of its slot
+    (Hkv * D floats), read once and front to back, so the pool streams as run.c's contiguous cache does;
+    head-major order read D floats every Hkv * D and was 5x slower once the pool left the caches.
+    Each head's arithmetic is one fixed order (scores in position order, then exps and sums in position order)
+    whatever h0, h1 and the other rows are, so grouping heads differently never changes a bit.
+    An int8 pool (k_scale, v_scale (NB, BS, Hkv), non-empty) is dequantized on read: the score is
+    (q . k_q) * k_scale / sqrt(D) and the value weight exp(s - m) * v_scale, one multiply on a scalar each.
+    A tree of new tokens (Medusa): position p in [start, start + len(visible)) is skipped unless visible[p - start]
+    (its ancestors); an empty `visible` sees every position."""
+    BS, D = k_pool.shape[1], q.shape[1]
+    D8 = D // 8                                         # 8-float steps of the vector loops (kernels.vec8)
+    Hkv = k_pool.shape[2]
+    group = q.shape[0] // Hkv                           # query heads per K/V head (GQA)
+    quant = k_scale.shape[0] > 0
+    scale = np.float32(1.0 / np.sqrt(q.shape[1]))
+    for i in range(h1 - h0):
+        m[i], lsum[i] = NEG, 0.0
+        acc[h0 + i] = 0.0
     for p in range(p0, p1):
-        if start <= p < start + visible.shape[0] and not visible[p - start]:
-            s[p - p0] = NEG
-            continue
-        kr = k_pool[table[p // BS], p % BS, hk]            # (D,) this position's key
-        dot = np.float32(0.0)
-        for d in range(D):
-            dot += q[d] * kr[d]
-        s[p - p0] = dot * scale
-        m = max(m, s[p - p0])
-    acc[:] = 0.0
+        blk, off = table[p // BS], p % BS
+        hidden = start <= p < start + visible.shape[0] and not visible[p - start]
+        for h in range(h0, h1):
+            i, j, hk = h - h0, p - p0, h // group
+            if hidden:
+                s[i, j] = NEG
+                continue
+            at = ((blk * BS + off) * Hkv + hk) * D           # k_pool[blk, off, hk, 0]'s flat index
+            dot = dot8(q, h * D, k_pool, at, D8)            # d < 8 * D8, then the rest in order
+            for d in range(8 * D8, D):
+                dot += q[h, d] * np.float32(k_pool[blk, off, hk, d])
+            s[i, j] = dot * k_scale[blk, off, hk] * scale if quant else dot * scale
+            m[i] = max(m[i], s[i, j])
     for p in range(p0, p1):
-        if s[p - p0] == NEG:
-            continue
-        vr = v_pool[table[p // BS], p % BS, hk]            # (D,) its value
-        e = exp32(s[p - p0] - m)
-        lsum += e
-        for d in range(D):
-            acc[d] += e * vr[d]
-    return m, lsum
+        blk, off = table[p // BS], p % BS
+        for h in range(h0, h1):
+            i, j, hk = h - h0, p - p0, h // group
+            if s[i, j] == NEG:
+                continue
+            e = exp32(s[i, j] - m[i])
+            lsum[i] += e
+            w = e * v_scale[blk, off, hk] if quant else e
+            axpy8(w, v_pool, ((blk * BS + off) * Hkv + hk) * D, acc, h * D, D8)    # acc[h] += w v[blk, off, hk]
+            for d in range(8 * D8, D):
+                acc[h, d] += w * np.float32(v_pool[blk, off, hk, d])
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def paged_attention_rows(q, k_pool, v_pool, block_tables, context_lens, out):
     """out (R, H, D) <- row r's query q[r] (H, D) attending to its first context_lens[r] cached positions,
-    in place. prange over (row, head): each is computed alone, in a fixed order, so a row's result is the
-    same bit for bit whatever the other rows are (prefill can give each query token its own row)."""
+    in place. Each (row, head) is computed alone in a fixed order, so a row's result is the same bit for bit
+    whatever the other rows are (prefill can give each query token its own row)."""
     paged_attention_tree_rows(q, k_pool, v_pool, block_tables, context_lens, context_lens,
                               np.zeros((q.shape[0], 0), np.bool_), out)             # no tree: every position
 
@@ -246,16 +266,29 @@ def paged_attention_tree_rows(q, k_pool, v_pool, block_tables, context_lens, sta
     from starts[r] on are the step's new tokens, and it sees new token u only where visible[r, u] (R, T)
     (torch's AttentionMetadata.tree_mask); the cached positions before starts[r] it sees all. visible (R, 0):
     no tree, row r sees its first context_lens[r] positions."""
+    no_scale = np.zeros((0, 0, 0), np.float32)
+    attention_rows(q, k_pool, v_pool, no_scale, no_scale, block_tables, context_lens, starts, visible, out)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def attention_rows(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts, visible, out):
+    """paged_attention_tree_rows over a float pool (k_scale, v_scale empty) or an int8 one (attend_heads).
+    prange over (row, group of K/V heads): as few groups as keep every thread busy (a batch of one row splits
+    its heads across threads; a batch of many gives each row one task, reading each slot once)."""
     R, H, D = q.shape
-    group = H // k_pool.shape[2]
-    for idx in prange(R * H):
-        r, h = idx // H, idx % H
+    Hkv = k_pool.shape[2]
+    G = min(Hkv, max(1, 8 // R))      # K/V head groups per row: at least ~8 tasks (batch 1 splits its heads)
+    for idx in prange(R * G):
+        r, g = idx // G, idx % G
+        h0, h1 = (g * Hkv // G) * (H // Hkv), ((g + 1) * Hkv // G) * (H // Hkv)
         n = context_lens[r]
-        s = np.empty(max(n, 1), np.float32)
-        m, lsum = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, 0, n, s, out[r, h],
-                          starts[r], visible[r])
-        for d in range(D):
-            out[r, h, d] = out[r, h, d] / lsum if lsum > 0 else 0.0
+        s = np.empty((h1 - h0, max(n, 1)), np.float32)
+        m, lsum = np.empty(h1 - h0, np.float32), np.empty(h1 - h0, np.float32)
+        attend_heads(q[r], k_pool, v_pool, k_scale, v_scale, block_tables[r], h0, h1, 0, n, starts[r], visible[r],
+                     s, m, lsum, out[r])
+        for h in range(h0, h1):
+            for d in range(D):
+                out[r, h, d] = out[r, h, d] / lsum[h - h0] if lsum[h - h0] > 0 else 0.0
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -265,22 +298,23 @@ def flash_decoding_rows(q, k_pool, v_pool, block_tables, context_lens, num_split
     o_s and lse_s, then a combine over splits in split order."""
     R, H, D = q.shape
     S = num_splits
-    group = H // k_pool.shape[2]
     part_out = np.zeros((R, S, H, D), np.float32)                             # (R, S, H, D)
     part_lse = np.empty((R, S, H), np.float32)                                # (R, S, H)
-    no_tree = np.zeros(0, np.bool_)
+    no_tree, no_scale = np.zeros(0, np.bool_), np.zeros((0, 0, 0), np.float32)
     for idx in prange(R * S * H):
         r, sp, h = idx // (S * H), (idx // H) % S, idx % H
         n = context_lens[r]
         per = (n + S - 1) // S
         p0 = min(sp * per, n)
         p1 = min(p0 + per, n)
-        s = np.empty(max(per, 1), np.float32)
-        o = part_out[r, sp, h]
-        m, lsum = _attend(q[r, h], k_pool, v_pool, block_tables[r], h // group, p0, p1, s, o, 0, no_tree)
+        s = np.empty((1, max(per, 1)), np.float32)
+        m, lsum = np.empty(1, np.float32), np.empty(1, np.float32)
+        o = part_out[r, sp]                           # (H, D): attend_heads writes row h
+        attend_heads(q[r], k_pool, v_pool, no_scale, no_scale, block_tables[r], h, h + 1, p0, p1, 0, no_tree,
+                     s, m, lsum, o)
         for d in range(D):                            # an empty split: o = 0 and lse = NEG
-            o[d] = o[d] / lsum if lsum > 0 else 0.0
-        part_lse[r, sp, h] = m + np.log(lsum) if lsum > 0 else NEG
+            o[h, d] = o[h, d] / lsum[0] if lsum[0] > 0 else 0.0
+        part_lse[r, sp, h] = m[0] + np.log(lsum[0]) if lsum[0] > 0 else NEG
     for idx in prange(R * H):                         # combine, in split order
         r, h = idx // H, idx % H
         g = part_lse[r, :, h].max()

@@ -39,8 +39,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from . import check_array
-from .paged_attention import NEG
-from .softmax import exp32
+from .paged_attention import attention_rows
 
 NR = 8        # weight rows per tile: 8 accumulators, one AVX2 register each once the k loop is vectorised
 KC = 512      # inputs per pass of the dot products: NR x KC dequantized floats (16 KiB) stay in L1 for all M rows
@@ -373,56 +372,15 @@ def kv_int8_write_rows(new, slots, pool, scale_pool):
                 q[d] = np.int8(np.rint(v[d] / safe))
 
 
-@njit(fastmath=True, cache=True)
-def _attend_int8(q, k_pool, v_pool, k_scale, v_scale, table, hk, n, s, acc, start, visible):
-    """paged_attention._attend over an int8 pool, positions [0, n) of one row for one head: the score is
-    (q . k_q) * k_scale / sqrt(D) and the value weight exp(s - m) * v_scale, so each int8 vector is
-    dequantized by one multiply on a scalar. q (D,), s (>= n,) scratch; acc (D,) <- sum_p exp(s_p - m) v_p;
-    returns lsum. Positions in [start, start + len(visible)) are skipped unless visible (a Medusa tree)."""
-    BS, D = k_pool.shape[1], q.shape[0]
-    scale = np.float32(1.0 / np.sqrt(D))
-    m, lsum = np.float32(NEG), np.float32(0.0)
-    for p in range(n):
-        if start <= p < start + visible.shape[0] and not visible[p - start]:
-            s[p] = NEG
-            continue
-        blk, off = table[p // BS], p % BS
-        kv = k_pool[blk, off, hk]
-        dot = np.float32(0.0)
-        for d in range(D):
-            dot += q[d] * np.float32(kv[d])
-        s[p] = dot * k_scale[blk, off, hk] * scale
-        m = max(m, s[p])
-    acc[:] = 0.0
-    for p in range(n):
-        if s[p] == NEG:
-            continue
-        blk, off = table[p // BS], p % BS
-        e = exp32(s[p] - m)
-        lsum += e
-        w = e * v_scale[blk, off, hk]
-        vv = v_pool[blk, off, hk]
-        for d in range(D):
-            acc[d] += w * np.float32(vv[d])
-    return lsum
-
-
 @njit(parallel=True, fastmath=True, cache=True)
 def paged_attention_tree_rows_int8kv(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts,
                                      visible, out):
     """paged_attention.paged_attention_tree_rows over an int8 pool (k_pool, v_pool (NB, BS, Hkv, D) int8, k_scale,
-    v_scale (NB, BS, Hkv) float32, minillm.llama.kv_cache's layout), dequantized on read. out (R, H, D) in place;
-    prange over (row, head), each computed alone in a fixed order: a row's result never depends on the others."""
-    R, H, D = q.shape
-    group = H // k_pool.shape[2]
-    for idx in prange(R * H):
-        r, h = idx // H, idx % H
-        n = context_lens[r]
-        s = np.empty(max(n, 1), np.float32)
-        lsum = _attend_int8(q[r, h], k_pool, v_pool, k_scale, v_scale, block_tables[r], h // group, n, s, out[r, h],
-                            starts[r], visible[r])
-        for d in range(D):
-            out[r, h, d] = out[r, h, d] / lsum if lsum > 0 else 0.0
+    v_scale (NB, BS, Hkv) float32, minillm.llama.kv_cache's layout), dequantized on read (the score is
+    (q . k_q) * k_scale / sqrt(D), the value weight exp(s - m) * v_scale: one multiply on a scalar each).
+    out (R, H, D) in place; each (row, head) computed alone in a fixed order: a row's result never depends on
+    the others."""
+    attention_rows(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts, visible, out)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
