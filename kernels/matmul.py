@@ -197,16 +197,19 @@ def _make_tile(mr: int, nr: int):
     return tile
 
 
-_tile_4x4, _tile_2x4, _tile_1x4, _tile_1x1 = _make_tile(MR, 4), _make_tile(2, 4), _make_tile(1, 4), _make_tile(1, 1)
+_tile_4x4, _tile_2x4, _tile_1x4 = _make_tile(MR, 4), _make_tile(2, 4), _make_tile(1, 4)
+_tile_4x1, _tile_2x1, _tile_1x1 = _make_tile(MR, 1), _make_tile(2, 1), _make_tile(1, 1)
+STREAM_M = 8   # up to this many rows, a column at a time: each thread reads one weight row after another
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def linear_cpu(x, w, y):
     """y (M, N) = x (M, K) @ w (N, K)^T, in place: a blocked matmul. Tiles of NR output columns are split
-    across threads (as run.c's `#pragma omp parallel for` over its matmul's rows); in a tile, rows of x go MR at
-    a time through the 4 x 4 micro-kernel (each weight vector loaded once for 4 rows, each x vector for 4
-    columns) and the last M % 4 through the 2 x 4 and 1 x 4 ones, so a batch of M rows (batched decode, the
-    1 + k tokens of speculative verification, a prefill chunk) costs far less than M single rows. Each y[m, n]
+    across threads (as run.c's `#pragma omp parallel for` over its matmul's rows). Up to STREAM_M rows (batch-1
+    decode, the 1 + k tokens of speculative verification), a tile goes one column at a time, rows of x 4 at a
+    time (4 x 1 micro-kernel), so the weights stream; beyond, rows go MR at a time through the 4 x 4
+    micro-kernel (each weight vector loaded once for 4 rows, each x vector for 4 columns) and the last M % 4
+    through the 2 x 4 and 1 x 4 ones. Either way a batch of M rows costs far less than M single rows. Each y[m, n]
     is summed in one fixed order (_make_tile: 8 lanes over k, a fixed tree, then the last K % 8 inputs in
     order), the same in every micro-kernel, so a row's result does not depend on what else is in the batch or
     where it sits in it, bit for bit (tests/test_numba_backend.py). Rows of x, w and y are contiguous inside."""
@@ -218,10 +221,22 @@ def linear_cpu(x, w, y):
     for t in prange((N + NR - 1) // NR):
         n0 = t * NR
         n1 = min(n0 + NR, N)
-        if M == 1:                        # one row: one weight row at a time, a single stream per thread
+        if M <= STREAM_M or n1 - n0 < NR:
+            # Few rows (decode, verification) or the last N % NR columns: one weight row at a time, every row of x
+            # against it (4 at a time). Each thread then reads its weights as one stream, front to back, which
+            # is what the prefetchers follow: reading 4 weight rows side by side (4 streams) was 1.3-1.7x slower
+            # at one row once the weights came from memory (random stories15M's 37 MB classifier, AMD EPYC).
             for n in range(n0, n1):
-                _tile_1x1(x, w, y, 0, n, steps)
-        elif n1 - n0 == NR:
+                m0 = 0
+                while m0 + MR <= M:
+                    _tile_4x1(x, w, y, m0, n, steps)
+                    m0 += MR
+                if m0 + 2 <= M:
+                    _tile_2x1(x, w, y, m0, n, steps)
+                    m0 += 2
+                if m0 < M:
+                    _tile_1x1(x, w, y, m0, n, steps)
+        else:                             # many rows: 4 x 4 register tiles, each weight vector serving 4 rows
             m0 = 0
             while m0 + MR <= M:
                 _tile_4x4(x, w, y, m0, n0, steps)
@@ -234,10 +249,6 @@ def linear_cpu(x, w, y):
             if m0 < M:
                 _tile_1x4(x, w, y, m0, n0, steps)
                 _tile_1x4(x, w, y, m0, n0 + 4, steps)
-        else:                             # the last N % NR columns: one at a time (the same columns at every M)
-            for n in range(n0, n1):
-                for m in range(M):
-                    _tile_1x1(x, w, y, m, n, steps)
         if steps * LANES < K:             # the last K % 8 inputs, added in order
             for m in range(M):
                 for n in range(n0, n1):

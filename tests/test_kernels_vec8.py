@@ -2,9 +2,8 @@
 import numpy as np
 import pytest
 import torch
-from numba import njit
-
 from minillm.kernels.vec8 import axpy8, dot8
+from numba import njit
 
 
 @njit
