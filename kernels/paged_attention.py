@@ -273,8 +273,9 @@ def paged_attention_tree_rows(q, k_pool, v_pool, block_tables, context_lens, sta
 @njit(parallel=True, fastmath=True, cache=True)
 def attention_rows(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts, visible, out):
     """paged_attention_tree_rows over a float pool (k_scale, v_scale empty) or an int8 one (attend_heads).
-    prange over (row, group of K/V heads): as few groups as keep every thread busy (a batch of one row splits
-    its heads across threads; a batch of many gives each row one task, reading each slot once)."""
+    prange over (row, group of K/V heads), about 8 tasks at least: a batch of one row splits its heads across
+    threads; from 8 rows on each row is one task, reading each slot once. The grouping depends on R only and
+    never changes a head's arithmetic, so it cannot change a bit."""
     R, H, D = q.shape
     Hkv = k_pool.shape[2]
     G = min(Hkv, max(1, 8 // R))      # K/V head groups per row: at least ~8 tasks (batch 1 splits its heads)
