@@ -33,6 +33,7 @@ THREADS = 64              # threads per (row, head[, split]) block: a chunk of 6
 DMAX = 128                # the largest head dim the CUDA kernels handle
 NACC = DMAX // THREADS    # output dims per thread: d = t, t + THREADS
 NEG = -3.0e38             # "minus infinity" for the CPU twins (fastmath assumes no infs)
+CHUNK = 64                # CPU twin: positions per attention task (attention_rows)
 
 
 # ----------------------------------------------------------------------------- CUDA kernels
@@ -273,23 +274,54 @@ def paged_attention_tree_rows(q, k_pool, v_pool, block_tables, context_lens, sta
 @njit(parallel=True, fastmath=True, cache=True)
 def attention_rows(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts, visible, out):
     """paged_attention_tree_rows over a float pool (k_scale, v_scale empty) or an int8 one (attend_heads).
-    prange over (row, group of K/V heads), about 8 tasks at least: a batch of one row splits its heads across
-    threads; from 8 rows on each row is one task, reading each slot once. The grouping depends on R only and
-    never changes a head's arithmetic, so it cannot change a bit."""
+    Each row's context is cut into chunks of CHUNK positions, and every (row, chunk) is one task over all of the
+    row's heads (vLLM's paged_attention_v2 partitions a context the same way, in fixed PARTITION_SIZE pieces):
+    a task reads each of its slots once, front to back, and a batch of one row with a long context still keeps
+    every thread busy. Then each row's chunks are combined in chunk order, Flash-Decoding's way; a row of one
+    chunk is divided by its own sum, as before there were chunks. The cut depends on the row's own context
+    length only, so a row's result is the same bit for bit whatever else is in the batch.
+    Measured on a batch-1 step of random stories15M at position 255 (AMD EPYC, 2 threads), against one task per
+    head (a sixth of every slot, strided, latency-bound once the pool comes from memory): about 2.3 ms of
+    attention per step before, 0.4-0.5 ms after."""
     R, H, D = q.shape
-    Hkv = k_pool.shape[2]
-    G = min(Hkv, max(1, 8 // R))      # K/V head groups per row: at least ~8 tasks (batch 1 splits its heads)
-    for idx in prange(R * G):
-        r, g = idx // G, idx % G
-        h0, h1 = (g * Hkv // G) * (H // Hkv), ((g + 1) * Hkv // G) * (H // Hkv)
-        n = context_lens[r]
-        s = np.empty((h1 - h0, max(n, 1)), np.float32)
-        m, lsum = np.empty(h1 - h0, np.float32), np.empty(h1 - h0, np.float32)
-        attend_heads(q[r], k_pool, v_pool, k_scale, v_scale, block_tables[r], h0, h1, 0, n, starts[r], visible[r],
-                     s, m, lsum, out[r])
-        for h in range(h0, h1):
+    first = np.empty(R + 1, np.int64)               # row r's chunks are tasks first[r] .. first[r + 1] - 1
+    first[0] = 0
+    for r in range(R):
+        first[r + 1] = first[r] + max(1, (context_lens[r] + CHUNK - 1) // CHUNK)
+    T = first[R]
+    row = np.empty(T, np.int64)                     # (T,) each task's row
+    for r in range(R):
+        row[first[r]:first[r + 1]] = r
+    part = np.empty((T, H, D), np.float32)          # (T, H, D) sum_p exp(s_p - m) v_p over the chunk
+    m, lsum = np.empty((T, H), np.float32), np.empty((T, H), np.float32)   # (T, H) its max and sum of exps
+    for t in prange(T):
+        r = row[t]
+        p0 = (t - first[r]) * CHUNK
+        p1 = min(p0 + CHUNK, context_lens[r])
+        s = np.empty((H, max(p1 - p0, 1)), np.float32)
+        attend_heads(q[r], k_pool, v_pool, k_scale, v_scale, block_tables[r], 0, H, p0, p1, starts[r], visible[r],
+                     s, m[t], lsum[t], part[t])
+    for r in range(R):                              # combine: tiny (R H D per chunk), one thread
+        t0, t1 = first[r], first[r + 1]
+        for h in range(H):
+            if t1 - t0 == 1:                        # one chunk: its own sum, no weights
+                den = lsum[t0, h]
+                for d in range(D):
+                    out[r, h, d] = part[t0, h, d] / den if den > 0 else 0.0
+                continue
+            g = m[t0, h]
+            for t in range(t0 + 1, t1):
+                g = max(g, m[t, h])
+            den = np.float32(0.0)
             for d in range(D):
-                out[r, h, d] = out[r, h, d] / lsum[h - h0] if lsum[h - h0] > 0 else 0.0
+                out[r, h, d] = 0.0
+            for t in range(t0, t1):                 # in chunk order; an empty chunk has weight exp(NEG - g) = 0
+                w = exp32(m[t, h] - g)
+                den += w * lsum[t, h]
+                for d in range(D):
+                    out[r, h, d] += w * part[t, h, d]
+            for d in range(D):
+                out[r, h, d] = out[r, h, d] / den if den > 0 else 0.0
 
 
 @njit(parallel=True, fastmath=True, cache=True)

@@ -6,6 +6,7 @@ import torch
 from close import assert_close
 from minillm.kernels.flash_attention import flash_attention_cpu
 from minillm.kernels.paged_attention import (
+    CHUNK,
     flash_decoding_cpu,
     flash_decoding_rows,
     paged_attention_cpu,
@@ -82,8 +83,11 @@ def test_flash_decoding_equals_paged(ctx, H, Hkv, D, BS):
         flash_decoding_rows(q, k_pool, v_pool, tables, ctx, S, out)
         # a different summation order (per-split sums, then LSE weights): a few float32 ulps of the output
         assert_close(torch.from_numpy(out), torch.from_numpy(paged), atol=2e-6, rtol=2e-6, name=f"num_splits={S}")
-    # one split: the same sums in the same order, and a combine with weight exp(0) = 1
-    assert np.array_equal(flash_decoding_cpu(q, k_pool, v_pool, tables, ctx, 1), paged)
+    # one split: the same sums in the same order, and a combine with weight exp(0) = 1, on the rows that the
+    # CPU paged attention also takes in one piece (a context of at most CHUNK positions; longer ones it cuts)
+    one = ctx <= CHUNK
+    assert one.any() and not one.all()
+    assert np.array_equal(flash_decoding_cpu(q, k_pool, v_pool, tables, ctx, 1)[one], paged[one])
 
 
 def test_a_rows_result_does_not_depend_on_the_other_rows():
