@@ -271,6 +271,18 @@ def paged_attention_tree_rows(q, k_pool, v_pool, block_tables, context_lens, sta
     attention_rows(q, k_pool, v_pool, no_scale, no_scale, block_tables, context_lens, starts, visible, out)
 
 
+@njit(fastmath=True, cache=True)
+def _attend_chunk(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts, visible, r, c, m, lsum,
+                  part):
+    """One task of attention_rows: chunk c of row r (positions c * CHUNK .. up to its context), all heads ->
+    m, lsum (H,) and part (H, D)."""
+    p0 = c * CHUNK
+    p1 = min(p0 + CHUNK, context_lens[r])
+    s = np.empty((q.shape[1], max(p1 - p0, 1)), np.float32)       # (H, positions) scores
+    attend_heads(q[r], k_pool, v_pool, k_scale, v_scale, block_tables[r], 0, q.shape[1], p0, p1, starts[r],
+                 visible[r], s, m, lsum, part)
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def attention_rows(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts, visible, out):
     """paged_attention_tree_rows over a float pool (k_scale, v_scale empty) or an int8 one (attend_heads).
@@ -294,13 +306,13 @@ def attention_rows(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_le
         row[first[r]:first[r + 1]] = r
     part = np.empty((T, H, D), np.float32)          # (T, H, D) sum_p exp(s_p - m) v_p over the chunk
     m, lsum = np.empty((T, H), np.float32), np.empty((T, H), np.float32)   # (T, H) its max and sum of exps
-    for t in prange(T):
-        r = row[t]
-        p0 = (t - first[r]) * CHUNK
-        p1 = min(p0 + CHUNK, context_lens[r])
-        s = np.empty((H, max(p1 - p0, 1)), np.float32)
-        attend_heads(q[r], k_pool, v_pool, k_scale, v_scale, block_tables[r], 0, H, p0, p1, starts[r], visible[r],
-                     s, m[t], lsum[t], part[t])
+    if T == 1:                                      # one short row: less work than waking the threads
+        _attend_chunk(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts, visible, 0, 0,
+                      m[0], lsum[0], part[0])
+    else:
+        for t in prange(T):
+            _attend_chunk(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts, visible, row[t],
+                          t - first[row[t]], m[t], lsum[t], part[t])
     for r in range(R):                              # combine: tiny (R H D per chunk), one thread
         t0, t1 = first[r], first[r + 1]
         for h in range(H):
