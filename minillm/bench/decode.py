@@ -62,7 +62,7 @@ def bench_decode(model: str, tokenizer=None, steps: int = 256, repeats: int = 5,
         res.update(runc=runc, runc_tok_s_median=statistics.median(rc), runc_tok_s_all=rc,
                    over_runc=res["tok_s_median"] / statistics.median(rc))
     if backend == "numba":
-        res["profile_us_per_token"] = numba_profile(net, 1e6 / statistics.mean(rates))
+        res["profile_us_per_token"] = numba_profile(net, statistics.mean(1e6 / r for r in rates))  # as compiled_seconds
     return res
 
 
@@ -75,7 +75,11 @@ def numba_profile(net, us_per_token: float) -> dict:
     """Where a batch-1 numba decode step's time went, in microseconds per token: inside the compiled
     forward (as NumbaTransformer timed it during the runs just made), of which the matmuls (the same
     kernels on the same weights, timed alone) and the rest (attention, norms, RoPE, SwiGLU, K/V writes);
-    and the Python decode loop around it (tensors, metadata, sampling), us_per_token - forward."""
+    and the Python decode loop around it (tensors, metadata, sampling), us_per_token - forward.
+    An estimate: the matmuls timed alone run at another moment and in other caches than the step's (the layers'
+    weights alone may fit the last-level cache, which in a step the classifier's stream empties), so on a
+    shared, noisy machine "the rest" can come out far too large or below zero; the compiled forward and the
+    total are measured as they ran."""
     import time
 
     import numpy as np
