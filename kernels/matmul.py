@@ -99,7 +99,7 @@ def gemv_cuda(w, x):
 
 LANES = 8    # CPU twin: floats per vector register (AVX2; an AVX-512 machine runs the same 8-wide code)
 NR = 8       # CPU twin: output columns per tile, the unit split across threads
-MR = 4       # CPU twin: rows of x per micro-kernel call once a step has that many (batched decode, k + 1 tokens)
+MR = 4       # CPU twin: rows of x per 4 x 1 micro-kernel call (streaming path: up to STREAM_M rows)
 I64 = ir.IntType(64)
 VF = ir.VectorType(ir.FloatType(), LANES)
 
@@ -111,7 +111,7 @@ def _lane_sums(builder, vecs):
     for both vectors at once; three such levels (two vectors into one while there are several, then a vector
     into its own halves) leave one sum per column. Every add is the same pair of floats as in the scalar tree,
     so the sums are the same bits; it replaces 8 extracts and 7 scalar adds per output, which at K = 256 were a
-    third of the 4 x 4 micro-kernel's instructions."""
+    third of the (then) 4 x 4 micro-kernel's instructions."""
     assert len(vecs) in (1, 2, 4, 8)
 
     def add(a, b):                     # a flag of its own: numba's fastmath pass gives flagless fadds reassociation
@@ -135,8 +135,11 @@ def _lane_sums(builder, vecs):
 def _make_tile(mr: int, nr: int):
     """A micro-kernel, written as LLVM IR: y[m0:m0+mr, n0:n0+nr] = the first 8 * steps inputs' dot products of
     rows m0.. of x (M, K) with rows n0.. of w (N, K). Its loop keeps mr * nr accumulators of LANES floats in
-    registers: each step loads mr vectors of x and nr of w and does mr * nr fused multiply-adds, so at mr = 4
-    every weight load serves 4 rows (the plain loop, one row at a time, was bound by loads at ~35 GF/s a core).
+    registers: each step loads mr vectors of x and nr of w and does mr * nr fused multiply-adds, so every weight
+    load serves mr rows (the plain loop, one row at a time, was bound by loads at ~35 GF/s a core). The tile has to
+    fit AVX2's 16 vector registers: 2 x 4 holds 8 accumulators, 2 x vectors and a w vector; 4 x 4's 16
+    accumulators alone fill them, and LLVM spilled to the stack (42 stack moves per 32 fma): 30 against 53 GF/s
+    on one core at the shipped model's shapes, 32 rows.
     Every y[m, n] is computed the same way whatever mr and nr are: lane l sums x[m, k] w[n, k] over k = l, l + 8,
     ... in order with fma, then the lanes add in one fixed tree ((0+1)+(2+3))+((4+5)+(6+7)). Written by hand, not
     left to LLVM's vectoriser, because that order is the point: the vectoriser picks its own interleaving per
@@ -197,7 +200,7 @@ def _make_tile(mr: int, nr: int):
     return tile
 
 
-_tile_4x4, _tile_2x4, _tile_1x4 = _make_tile(MR, 4), _make_tile(2, 4), _make_tile(1, 4)
+_tile_2x4, _tile_1x4 = _make_tile(2, 4), _make_tile(1, 4)
 _tile_4x1, _tile_2x1, _tile_1x1 = _make_tile(MR, 1), _make_tile(2, 1), _make_tile(1, 1)
 STREAM_M = 8   # up to this many rows, a column at a time: each thread reads one weight row after another
 
@@ -207,12 +210,13 @@ def linear_cpu(x, w, y):
     """y (M, N) = x (M, K) @ w (N, K)^T, in place: a blocked matmul. Tiles of NR output columns are split
     across threads (as run.c's `#pragma omp parallel for` over its matmul's rows). Up to STREAM_M rows (batch-1
     decode, the 1 + k tokens of speculative verification), a tile goes one column at a time, rows of x 4 at a
-    time (4 x 1 micro-kernel), so the weights stream; beyond, rows go MR at a time through the 4 x 4
-    micro-kernel (each weight vector loaded once for 4 rows, each x vector for 4 columns) and the last M % 4
-    through the 2 x 4 and 1 x 4 ones. Either way a batch of M rows costs far less than M single rows. Each y[m, n]
-    is summed in one fixed order (_make_tile: 8 lanes over k, a fixed tree, then the last K % 8 inputs in
-    order), the same in every micro-kernel, so a row's result does not depend on what else is in the batch or
-    where it sits in it, bit for bit (tests/test_numba_backend.py). Rows of x, w and y are contiguous inside."""
+    time (4 x 1 micro-kernel), so the weights stream; beyond, rows go 2 at a time through the 2 x 4
+    micro-kernel (each weight vector loaded once for 2 rows, each x vector for 4 columns: the largest tile whose
+    accumulators stay in registers) and the last odd row through the 1 x 4 one. Either way a batch of M rows
+    costs far less than M single rows. Each y[m, n] is summed in one fixed order (_make_tile: 8 lanes over k, a
+    fixed tree, then the last K % 8 inputs in order), the same in every micro-kernel, so a row's result does not
+    depend on what else is in the batch or where it sits in it, bit for bit (tests/test_numba_backend.py).
+    Rows of x, w and y are contiguous inside."""
     M, K = x.shape
     N = w.shape[0]
     if x.strides[1] != 4 or w.strides[1] != 4 or y.strides[1] != 4:
@@ -236,13 +240,9 @@ def linear_cpu(x, w, y):
                     m0 += 2
                 if m0 < M:
                     _tile_1x1(x, w, y, m0, n, steps)
-        else:                             # many rows: 4 x 4 register tiles, each weight vector serving 4 rows
+        else:                             # many rows: 2 x 4 register tiles, each weight vector serving 2 rows
             m0 = 0
-            while m0 + MR <= M:
-                _tile_4x4(x, w, y, m0, n0, steps)
-                _tile_4x4(x, w, y, m0, n0 + 4, steps)
-                m0 += MR
-            if m0 + 2 <= M:
+            while m0 + 2 <= M:
                 _tile_2x4(x, w, y, m0, n0, steps)
                 _tile_2x4(x, w, y, m0, n0 + 4, steps)
                 m0 += 2
