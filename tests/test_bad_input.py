@@ -77,7 +77,9 @@ def test_dynamic_batching_does_not_wait_out_its_window_when_every_request_is_kno
     outs = llm.generate(["Hamlet", "Ophelia", "Horatio"], GREEDY)
     assert [len(o.token_ids) for o in outs] == [6, 6, 6] and time.perf_counter() - t0 < 600
     assert llm.engine.trace.steps[0].kind == "prefill" and len(llm.engine.trace.steps[0].seq_ids) == 3
-    assert llm.engine.scheduler.expect_arrivals               # step() by hand still honours the window
+    rid = llm.engine.add_request("Hamlet", GREEDY)            # step() by hand still honours the window
+    assert llm.engine.step() == [] and llm.engine.has_unfinished_requests()
+    llm.engine.abort(rid)
     with pytest.raises(ValueError, match=r"EngineConfig.batch_window_s must be a finite number"):
         LLM("random:tiny", batching="dynamic", batch_window_s=float("inf"))
 

@@ -18,7 +18,7 @@ from hashmodel import HashModel, allowed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import minillm.engine.engine as engine_module
+import minillm.core.beam as beam_module
 from minillm import LLM, SamplingParams
 from minillm.core.batch import ScheduledBatch
 from minillm.core.beam import BeamSearchOutput, beam_step
@@ -330,7 +330,7 @@ def test_part_of_a_group_is_held_until_all_its_beams_run(monkeypatch):
         pruned = beam_step(sched, batch, out, verdicts)
         holds.extend(v for v in verdicts if v.accepted == -1)
         return pruned
-    monkeypatch.setattr(engine_module, "beam_step", spy)
+    monkeypatch.setattr(beam_module, "beam_step", spy)      # what the engine's BeamStep post-processor calls
     engine = hash_llm(policy=Stutter()).engine
     reqs, _ = run_mixed(engine, HASH_REQS[:2])
     check_hash_results(reqs, HASH_REQS[:2])
@@ -370,7 +370,7 @@ def test_block_map_shows_beams_sharing_blocks_and_pruned_blocks_coming_back(monk
     def spy(sched, batch, out, verdicts):            # the tables as the model call left them, before pruning
         at_call.update({s.seq_id: [b for b in s.block_table if bm.ref_count[b] == 1] for s in sched.running})
         return beam_step(sched, batch, out, verdicts)
-    monkeypatch.setattr(engine_module, "beam_step", spy)
+    monkeypatch.setattr(beam_module, "beam_step", spy)      # what the engine's BeamStep post-processor calls
     req = engine.make_beam_request("To be, or not to be, that is the question", 4, 16)
     engine.enqueue(req)
     prompt_blocks = len(req.prompt_ids) // 4

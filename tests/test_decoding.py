@@ -11,7 +11,7 @@ import torch
 
 from minillm import LLM, SamplingParams
 from minillm.core.batch import Draft
-from minillm.core.logprobs import entries
+from minillm.core.logprobs import entries, score
 from minillm.core.sampling import apply_penalties, probs_from_logits, sample, transform_logits
 from minillm.core.sequence import Sequence
 from minillm.core.verify import verify_row
@@ -195,6 +195,8 @@ def test_verification_counts_accepted_drafts_as_output_for_penalties():
     logits = torch.tensor([[0.0, 2.0, 1.0, 0.0], [0.0, 1.0, 0.8, 0.0]], dtype=torch.float64)   # (1 + k, V)
     v = verify_row(seq, logits, Draft([1]))
     assert v.tokens == [1, 2] and v.accepted == 1
+    assert v.logprobs is None                      # the acceptance rule alone: the engine's Logprobs step scores
+    score(seq, logits, v)
     lp = torch.log_softmax(logits, -1)
     assert v.logprobs == [{1: float(lp[0, 1])}, {2: float(lp[1, 2]), 1: float(lp[1, 1])}]
 

@@ -37,6 +37,7 @@ class ScheduledBatch:
     swap_in: list = field(default_factory=list)   # (swap block, device block) pairs to bring back
     swap_out: list = field(default_factory=list)  # (device block, swap block) pairs to save
     moved: bool = False                           # the copies and swaps above have been carried out
+    pruned: list = field(default_factory=list)    # beam search: seq ids of the beams pruned after verification
 
     def add(self, seq: Sequence, start: int, end: Optional[int] = None, lookahead: int = 0, writes: bool = True) -> Row:
         end = len(seq) if end is None else end

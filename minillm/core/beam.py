@@ -46,6 +46,7 @@ import torch
 
 from ..config import _check_bool, _check_int, _check_real
 from .batch import Verdict
+from .hooks import VerdictStep
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
 from .sequence import RequestMetrics, Sequence, Status
@@ -358,6 +359,19 @@ def _same_request(src: Sequence, dst: Sequence):
 
 
 # ---------------------------------------------------------------------------- the engine's hook
+class BeamStep(VerdictStep):
+    """The engine's post-processor: after verification, before the update, every beam group that ran chooses its
+    next beams (scheduler.groups: request_id -> BeamGroup). The beams pruned are left in batch.pruned for the
+    trace."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def on_verdicts(self, batch, out, verdicts: list):
+        if self.scheduler.groups:
+            batch.pruned = beam_step(self.scheduler, batch, out, verdicts)
+
+
 def beam_step(sched, batch, out, verdicts: list) -> list:
     """After verification, before the update: every beam group that ran picks its next beams (BeamGroup.step).
     verdicts is edited in place (forks append theirs). -> seq ids of the beams pruned this step."""

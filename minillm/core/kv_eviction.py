@@ -30,19 +30,52 @@ from typing import Optional
 import torch
 
 from ..config import KV_EVICTION_METHODS, check_kv_eviction  # noqa: F401  (the option's checks live with it)
+from .hooks import NoEviction
 
 CHUNK = 64          # tokens per row of an evicting sequence (prefill in chunks, evicting in between)
 
 
-class EvictionPolicy:
-    """Decides which blocks of a sequence leave the cache after a step. The scheduler calls evict(); the runner
-    reads `window` (attention's token rule, or None) and `scores` (accumulate attention probabilities)."""
+class EvictionPolicy(NoEviction):
+    """Decides which blocks of a sequence leave the cache after a step (the hooks of minillm.core.hooks.NoEviction).
+    The scheduler calls evict(); the runner's hooks store keys before RoPE, apply `window` (attention's token
+    rule, or None) and, with `scores`, accumulate the attention probabilities each cached token receives."""
     window: Optional[tuple] = None      # (sinks, window): attention's visibility rule, or None (all cached tokens)
     scores = False                      # does the policy read attention probabilities (attn.received)?
     chunk = CHUNK
 
     def __init__(self, sinks: int, window: int):
         self.sinks, self.size = sinks, window
+
+    def context_limit(self, max_model_len: int) -> int:
+        return 2**62                                     # the cache stays flat: generate past the context
+
+    def allocate_prompt(self, block_manager, seq) -> int:
+        return block_manager.allocate_prompt(seq, min(len(seq), self.chunk))   # the first chunk only
+
+    def admitted(self, block_manager, seq, end: int):
+        block_manager.truncate(seq, end)                 # blocks for this chunk only: the pool stays flat
+
+    def prepare(self, attn, batch_size: int, context_lens):
+        attn.rope_on_read, attn.window = True, self.window   # keys stored before RoPE, rotated at their cache index
+        if self.scores:                                  # H2O: the attention probabilities each cached token receives
+            attn.received = torch.zeros(batch_size, int(context_lens.max()))     # (B, S)
+
+    def observe(self, rows: list, attn, context_lens):
+        if not self.scores:
+            return
+        for b, r in enumerate(rows):
+            if r.writes:
+                n, old = int(context_lens[b]), r.seq.kv_scores
+                old = torch.zeros(0) if old is None else old[:n]           # (n_cache,) so far, at most n
+                grown = torch.cat([old, torch.zeros(n - old.shape[0])])
+                r.seq.kv_scores = grown + attn.received[b, :n]              # (n_cache,)
+
+    def save(self, seqs: list) -> list:
+        return [(s, s.kv_scores.clone()) for s in seqs if s.kv_scores is not None]   # H2O's attention sums
+
+    def restore(self, saved: list):
+        for s, kept in saved:
+            s.kv_scores = kept
 
     def victims(self, seq, n_cache: int, block_size: int) -> list[int]:
         """Indices into seq.block_table of the blocks to free, given n_cache tokens in the cache."""
@@ -99,8 +132,8 @@ class H2OPolicy(EvictionPolicy):
         return sorted(order[:over])
 
 
-def make_eviction(spec: Optional[dict]) -> Optional[EvictionPolicy]:
+def make_eviction(spec: Optional[dict]) -> NoEviction:
     if spec is None:
-        return None
+        return NoEviction()
     cls = StreamingPolicy if spec["method"] == "streaming" else H2OPolicy
     return cls(spec["sinks"], spec["window"])

@@ -12,12 +12,12 @@ it is the model's own probability of the text, the same whatever the sampling se
 (top-k would make the rest -inf), and comparable across requests, so best_of ranks samples by how likely the
 model finds them, and a test can check it against log_softmax of a plain forward of the same tokens.
 
-Where: verification (minillm.core.verify) computes each emitted token's entry inside the step, from the logits
-it already holds (a draft the target accepted is scored at its own slot); the prompt's entries come from the
-extra rows the runner computes for such a request (prompt_rows). record() keeps them after the scheduler's
-update, for the tokens that update really appended (a stop may end a step's tokens early). A request with
-prompt_logprobs takes no prefix-cache hits (as vLLM v1): a cached block's positions are never computed, so
-they would have no logits.
+Where: the engine's post-processor Logprobs (a VerdictStep, run after verification) scores each emitted token
+from the logits the step already holds (a draft the target accepted is scored at its own slot); the prompt's
+entries come from the extra rows the runner computes for such a request (prompt_rows). After the scheduler's
+update it keeps them for the tokens that update really appended (record: a stop may end a step's tokens early).
+A request with prompt_logprobs takes no prefix-cache hits (as vLLM v1): a cached block's positions are never
+computed, so they would have no logits.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from typing import Optional
 
 import torch
 
-from .batch import Row, ScheduledBatch
+from .batch import Row, ScheduledBatch, Verdict
+from .hooks import VerdictStep
 from .sampling import SamplingParams
 
 
@@ -79,7 +80,34 @@ def prompt_entries(row: Row, first: int, logits: torch.Tensor) -> tuple[int, lis
     return first, entries(logits, tokens, seq.params.prompt_logprobs)
 
 
-# ---------------------------------------------------------------------------- after the update
+# ---------------------------------------------------------------------------- the engine's post-processor
+class Logprobs(VerdictStep):
+    """logprobs=k, prompt_logprobs=k and best_of's scores: computed from the step's logits after verification,
+    kept after the update for what it appended."""
+
+    def on_verdicts(self, batch: ScheduledBatch, out, verdicts: list):
+        rows = [(r.seq, logits, v) for r, logits, v in zip(batch.rows, out.logits, verdicts) if r.completes]
+        rows += [(child, out.logits[i][:1], v) for (i, child), v in zip(batch.forks, verdicts[len(batch.rows):])]
+        for seq, logits, v in rows:
+            if v.error is None and scored(seq.params):
+                score(seq, logits, v)
+        for row, v, at in zip(batch.rows, verdicts, getattr(out, "prompt_logits", None) or ()):
+            if at is not None and v.error is None:       # prompt_logprobs: (first position, logits (n, V))
+                v.prompt_logprobs = prompt_entries(row, *at)
+
+    def on_update(self, batch: ScheduledBatch, verdicts: list):
+        record(batch, verdicts)
+
+
+def score(seq, logits: torch.Tensor, v: Verdict):
+    """Token i was predicted at slot 0, then at each accepted node + 1. logits (1 + k, V) raw."""
+    try:
+        slots = [0] + [a + 1 for a in v.path]
+        v.logprobs = entries(logits[slots], v.tokens, seq.params.logprobs)
+    except Exception as e:                               # this request's problem: it ends with an error
+        v.error = f"{type(e).__name__}: {e}"
+
+
 def record(batch: ScheduledBatch, verdicts: list):
     """Keep what verification scored, for what the scheduler's update appended (verdicts: one per row, then one
     per fork, as Scheduler.update takes them)."""

@@ -15,7 +15,6 @@ not padded to a prompt's length; the cache is shared, the rows independent.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -24,6 +23,7 @@ import torch
 from ..llama.attention import AttentionMetadata
 from ..llama.kv_cache import KVCache, SwapSpace
 from .batch import Draft, Row, ScheduledBatch
+from .hooks import NoAdapters, NoEviction, NoSwap
 from .logprobs import prompt_rows
 
 
@@ -61,17 +61,19 @@ def build_query(row: Row, draft: Optional[Draft]) -> Query:
 
 
 class ModelRunner:
-    def __init__(self, model, kv: KVCache, swap: Optional[SwapSpace] = None, hidden: bool = False, eviction=None):
-        self.model, self.kv, self.swap = model, kv, swap
+    def __init__(self, model, kv: KVCache, swap: Optional[SwapSpace] = None, hidden: bool = False,
+                 eviction: NoEviction = NoEviction(), lora: NoAdapters = NoAdapters()):
+        self.model, self.kv = model, kv
         self.hidden = hidden        # also return hidden states (a proposer reads them: Medusa)
-        self.eviction = eviction    # kv_eviction: cache indices, keys before RoPE, H2O's scores (core/kv_eviction.py)
+        self.eviction = eviction    # kv_eviction: keys before RoPE, the window, H2O's scores (minillm.core.hooks)
+        self.lora = lora            # enable_lora: each row's adapter slot in the linears (minillm.llama.lora)
+        self.swap = swap or NoSwap()    # preemption_mode "swap": the host copy of swapped-out blocks
 
     def move_blocks(self, batch: ScheduledBatch):
         """The block moves the scheduler decided: swaps first (a swap-in may read a swap block that a swap-out of
         this step then reuses; a device block a swap-out frees may be written by this step), then copy-on-write."""
-        if self.swap is not None:
-            self.swap.swap_in(self.kv, batch.swap_in)
-            self.swap.swap_out(self.kv, batch.swap_out)
+        self.swap.swap_in(self.kv, batch.swap_in)
+        self.swap.swap_out(self.kv, batch.swap_out)
         self.kv.copy_blocks(batch.copies)
         batch.moved = True
 
@@ -113,22 +115,12 @@ class ModelRunner:
         context_lens = torch.tensor([r.start - r.seq.evicted + len(q.tokens) for r, q in zip(rows, queries)])  # (B,)
         attn = AttentionMetadata.build(slots_at, tables, context_lens, self.kv.block_size, valid)
         attn.tree_mask = mask
-        if self.eviction is not None:            # keys stored before RoPE, rotated at their cache index on read
-            attn.rope_on_read, attn.window = True, self.eviction.window
-            if self.eviction.scores:             # H2O: the attention probabilities each cached token receives
-                attn.received = torch.zeros(B, int(context_lens.max()))          # (B, S)
-        lora = getattr(self.model, "lora_context", None)     # enable_lora: each row's adapter slot (llama/lora.py)
-        with lora.use([r.seq.lora_slot for r in rows], T) if lora is not None else nullcontext():
+        self.eviction.prepare(attn, B, context_lens)          # kv_eviction: keys rotated on read, window, scores
+        with self.lora.use(rows, T):                          # enable_lora: each row's adapter in the linears
             res = self.model(tokens, rope_at, self.kv, attn, rows=torch.tensor(select, dtype=torch.long),
                              **({"return_hidden": True} if self.hidden else {}))
         logits, hidden = res if self.hidden else (res, None)            # (N, V), (N, C)
-        if attn.received is not None:
-            for b, r in enumerate(rows):
-                if r.writes:
-                    n, old = int(context_lens[b]), r.seq.kv_scores
-                    old = torch.zeros(0) if old is None else old[:n]           # (n_cache,) so far, at most n
-                    grown = torch.cat([old, torch.zeros(n - old.shape[0])])
-                    r.seq.kv_scores = grown + attn.received[b, :n]              # (n_cache,)
+        self.eviction.observe(rows, attn, context_lens)       # H2O: the probabilities each cached token received
         at = 0
         for i, r, q in zip(index, rows, queries):
             if q.wanted:

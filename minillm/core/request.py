@@ -23,6 +23,11 @@ class Request:
     def finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
 
+    def join(self, groups: dict):
+        """As it is queued: a beam request's group joins the scheduler's groups (it runs and leaves whole)."""
+        if self.beam is not None:
+            groups[self.request_id] = self.beam
+
     def output(self) -> RequestOutput:
         """best_of > n: the n samples with the highest cumulative logprob, best first (each keeps its index)."""
         if self.beam is not None:

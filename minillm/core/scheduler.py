@@ -15,23 +15,29 @@ update() appends the verified tokens, checks stops (minillm.core.detokenizer), f
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, Optional
 
 from ..config import EngineConfig
 from .batch import ScheduledBatch, Verdict
 from .block_manager import BlockManager
+from .hooks import NoAdapters, NoEviction
 from .orders import FCFS
 from .policies import SchedulingPolicy, make_policy
 from .sequence import Sequence, Status
 
 
 class Scheduler:
+    """Optional features arrive as objects (minillm.core.hooks), never as branches: `eviction` (which cached blocks
+    leave after a step), `lora` (adapter slots, filled as sequences are admitted), `groups` (request_id ->
+    BeamGroup, shared with the engine's beam step: a group runs and leaves whole)."""
+
     def __init__(self, config: EngineConfig, block_manager: BlockManager, clock: Callable[[], float], stops,
                  policy: Optional[SchedulingPolicy] = None, slots: Optional[Callable[[Sequence], int]] = None,
-                 eviction=None):
+                 eviction: NoEviction = NoEviction(), lora: NoAdapters = NoAdapters(), groups: Optional[dict] = None):
         self.config, self.block_manager, self.clock, self.stops = config, block_manager, clock, stops
-        self.eviction = eviction                  # kv_eviction: blocks leave after each step (core/kv_eviction.py)
+        self.eviction, self.lora = eviction, lora
         self.policy = policy or make_policy(config)
         self.order = getattr(self.policy, "order", None) or FCFS()   # who is preempted, who swaps in (core/orders.py)
         self.slots = slots or (lambda seq: 0)     # draft slots the proposer wants past a decode's newest token
@@ -40,9 +46,8 @@ class Scheduler:
         self.padding: list[Sequence] = []         # static batching: finished, still holding their batch slot
         self.swapped: deque[Sequence] = deque()   # preempted by swapping, oldest first
         self.pending_forks: dict[int, list[Sequence]] = {}   # parent seq_id -> samples waiting for its prompt
-        self.groups: dict = {}                    # request_id -> BeamGroup: beams run and leave together (core/beam.py)
-        self.expect_arrivals = True               # False: every request is known (LLM.generate), none will come
-        self.lora = None                          # enable_lora: the adapter slots (minillm.llama.lora.LoRASlots)
+        self.groups: dict = {} if groups is None else groups   # request_id -> BeamGroup (minillm.decoding.beam)
+        self.expect_arrivals = True               # schedule()'s argument: False when every request is known
         default_budget = 512 if config.enable_chunked_prefill else max(config.max_model_len, 2048)
         self.budget = config.max_num_batched_tokens or default_budget
         self._swap_out: list = []
@@ -62,23 +67,22 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the mechanism policies use
     def admit(self, batch: ScheduledBatch, seq: Sequence, budget, chunk: bool = False) -> int:
-        bm = self.block_manager
-        first = len(seq) if self.eviction is None else min(len(seq), self.eviction.chunk)   # eviction: chunk 1 only
+        budget = budget if chunk else math.inf                # unchunked: the whole prompt in one row
+        bm, chunk = self.block_manager, self.eviction.chunk
+        first = min(len(seq), chunk)
         if len(self.running) >= self.config.max_num_seqs or not bm.can_allocate(seq, first + 1):
             return 0
-        if seq.lora is not None and not self.lora.acquire(seq.lora, self.running + list(self.swapped) + self.padding):
+        if not self.lora.admit(seq, self):
             return 0                                          # every adapter slot is in use: it waits
         self.waiting.remove(seq)
-        hits = bm.allocate_prompt(seq) if self.eviction is None else bm.allocate_prompt(seq, first)
+        hits = self.eviction.allocate_prompt(bm, seq)         # eviction: the first chunk's blocks only
         seq.metrics.num_cached_tokens += hits                      # prefix-cache hits need no computing
         seq.status = Status.RUNNING
         if seq.metrics.first_scheduled_time is None:
             seq.metrics.first_scheduled_time = self.clock()
         self.running.append(seq)
-        end = min(len(seq), seq.num_computed + budget) if chunk else len(seq)
-        if self.eviction is not None:                         # a long prompt in chunks, evicting in between
-            end = min(end, seq.num_computed + self.eviction.chunk)
-            bm.truncate(seq, end)                             # blocks for this chunk only: the pool stays flat
+        end = int(min(len(seq), seq.num_computed + budget, seq.num_computed + chunk))   # chunked prefill, eviction
+        self.eviction.admitted(bm, seq, end)
         batch.add(seq, seq.num_computed, end)
         return end - seq.num_computed
 
@@ -89,9 +93,7 @@ class Scheduler:
 
     def extend_one(self, batch: ScheduledBatch, seq: Sequence, budget=float("inf")) -> int:
         start = seq.num_computed
-        end = int(min(len(seq), start + budget))
-        if self.eviction is not None:
-            end = min(end, start + self.eviction.chunk)
+        end = int(min(len(seq), start + budget, start + self.eviction.chunk))
         if end <= start:
             return 0
         extra, bm = 0, self.block_manager
@@ -151,7 +153,9 @@ class Scheduler:
         self.padding = []
 
     # ------------------------------------------------------------------ schedule
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, expect_arrivals: bool = True) -> ScheduledBatch:
+        """expect_arrivals False: every request is known (LLM.generate), so no batching window waits for more."""
+        self.expect_arrivals = expect_arrivals
         if self.padding and not self.running:        # nobody left running: the static batch is over
             self.release_padding()
         self.order.refresh(self)                     # levels, counters, the radix tree: before any choice
@@ -249,8 +253,7 @@ class Scheduler:
         self.block_manager.mark_computed(seq)            # full blocks become reusable prefixes
         if not finished:
             self.block_manager.truncate(seq, len(seq))   # blocks only rejected drafts used go back
-            if self.eviction is not None:
-                self.eviction.evict(self.block_manager, seq)   # blocks out of the window (or the lightest) leave
+            self.eviction.evict(self.block_manager, seq)   # kv_eviction: blocks out of the window (or the lightest)
         return finished
 
     def finish(self, seq: Sequence, reason: Optional[str] = None, error: Optional[str] = None, pad: bool = False):

@@ -108,7 +108,7 @@ class Trace:
                 kv_bytes_filled=pending["filled"] * block_bytes // block_size, start=start, seconds=end - start,
                 spec=[self._spec_entry(r, v, b) for r, _, v, b in spec],
                 draft_seconds=draft_seconds, verify_seconds=run_seconds,
-                blocks_shared=pending["shared"], pruned=list(pending.get("pruned", []))))
+                blocks_shared=pending["shared"], pruned=list(batch.pruned)))
         self.count += 1
 
     @staticmethod

@@ -19,8 +19,9 @@ token and every draft, giving p_1..p_{k+1} (p_i is the target's distribution for
 The rule is a seam: `prepare(..., verify=my_rule)` (or LLM(..., verify=...)) plugs in another with the same
 signature, rule(p (k + 1, V), q (k, V) or None, draft ids, generator) -> (n accepted, token emitted).
 
-Each emitted token's logprob (logprobs=k, best_of) is read from the raw logits of the slot that predicted it
-(minillm.core.logprobs); a row that computed prompt positions for prompt_logprobs scores them here too.
+This file is the acceptance rule and nothing else. What acts on the verdicts afterwards runs as the engine's
+post-processors (minillm.core.hooks.VerdictStep): logprobs (minillm.core.logprobs), structured output's
+jump-forward (minillm.guided), beam search's choice of beams.
 """
 from __future__ import annotations
 
@@ -28,9 +29,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..guided.processor import jump_forward
 from .batch import Draft, ScheduledBatch, Verdict
-from .logprobs import entries, prompt_entries, scored
 from .sampling import argmax, sample, sampling_probs, transform_logits
 from .sequence import Sequence
 
@@ -84,8 +83,7 @@ def greedy_path(draft: Draft, target_next: list[int]) -> list[int]:
 
 
 def verify_row(seq: Sequence, logits: torch.Tensor, draft: Optional[Draft], rule: Callable = verify_sampled) -> Verdict:
-    """One row: logits (1 + k, V) at the newest token and at each draft. -> what to emit (and, if the request
-    asks, the raw logprobs of what it emits)."""
+    """One row: logits (1 + k, V) at the newest token and at each draft. -> what to emit."""
     params = seq.params
 
     def at(j: int) -> torch.Tensor:              # row j's logits, after the request's processors and penalties
@@ -94,12 +92,7 @@ def verify_row(seq: Sequence, logits: torch.Tensor, draft: Optional[Draft], rule
         path = [] if j == 0 else [draft.tokens[a] for a in draft.ancestors(j - 1)]
         return transform_logits(params, seq.prompt_ids, seq.output_ids + path, logits[j])
 
-    verdict = _decide(seq, logits, draft, rule, at)
-    if scored(params):                           # token i was predicted at slot 0, then at each accepted node + 1
-        slots = [0] + [a + 1 for a in verdict.path]
-        verdict.logprobs = entries(logits[slots], verdict.tokens, params.logprobs)
-    verdict.tokens += jump_forward(seq, verdict.tokens)   # tokens a guided_* pattern forces next (minillm.guided)
-    return verdict
+    return _decide(seq, logits, draft, rule, at)
 
 
 def _decide(seq: Sequence, logits: torch.Tensor, draft: Optional[Draft], rule: Callable, at: Callable) -> Verdict:
@@ -132,12 +125,8 @@ def verify(batch: ScheduledBatch, drafts: list, out, rule: Callable = verify_sam
     """One Verdict per row (empty for a partial prompt chunk or padding), then one per fork: a sample forked off a
     finished prefill draws its first token from its parent's logits with its own generator. An exception from one
     request's parameters (its logits processor, say) becomes that request's error; the others go on."""
-    verdicts, prompt = [], getattr(out, "prompt_logits", None) or [None] * len(batch.rows)
-    for row, draft, logits, at_prompt in zip(batch.rows, drafts, out.logits, prompt):
-        v = _guarded(lambda: verify_row(row.seq, logits, draft, rule)) if row.completes else Verdict()
-        if at_prompt is not None and v.error is None:   # prompt_logprobs: (first position, logits (n, V))
-            v.prompt_logprobs = prompt_entries(row, *at_prompt)
-        verdicts.append(v)
+    verdicts = [_guarded(lambda: verify_row(row.seq, logits, draft, rule)) if row.completes else Verdict()
+                for row, draft, logits in zip(batch.rows, drafts, out.logits)]
     for i, child in batch.forks:
         verdicts.append(_guarded(lambda: verify_row(child, out.logits[i][:1], None)))
     return verdicts
@@ -147,4 +136,9 @@ def _guarded(fn) -> Verdict:
     try:
         return fn()
     except Exception as e:
-        return Verdict(error=f"{type(e).__name__}: {e}")
+        return Verdict(error=error_text(e))
+
+
+def error_text(e: Exception) -> str:
+    """A request's own mistake as its finish message (finish_reason "error")."""
+    return f"{type(e).__name__}: {e}"

@@ -4,12 +4,14 @@
              drafts   = proposer.propose(batch)          # k tokens per decode row (k = 0: plain decoding)
              out      = runner.run(batch, drafts)        # one forward; logits at each newest token and draft
              verdicts = verify(batch, drafts, out)       # k = 0: sampling; k > 0: the exact acceptance rule
-             beam_step(scheduler, batch, out, verdicts)  # beam search only: keep the best beams, fork, prune
+             post.on_verdicts(batch, out, verdicts)      # post-processors: logprobs, jump-forward, beam search
              scheduler.update(batch, verdicts)           # append, stop checks, finish, free, roll back
              trace.after_update(...)                     # what the step did, as plain data
 
-A step is a transaction: if anything raises before the update (the model call interrupted, a proposer
-failing), every sequence is left where it was, so the next step computes what an uninterrupted run would:
+Optional features are objects the parts were built with (minillm.core.hooks: KV eviction, LoRA slots, the
+post-processors), never branches here. A step is a transaction: if anything raises before the update (the model
+call interrupted, a proposer failing), every sequence is left where it was, so the next step computes what an
+uninterrupted run would:
 num_computed moves only in the update, generators are restored, blocks the step was still to fill are
 recomputed, and nothing unwritten can enter the prefix cache (blocks are named only once computed).
 A request's own mistake inside a step (its logits processor raising) finishes it with finish_reason "error";
@@ -24,11 +26,9 @@ from contextlib import contextmanager
 from typing import Callable, Optional
 
 from ..core.batch import ScheduledBatch
-from ..core.beam import BeamGroup, BeamOptions, beam_step
+from ..core.beam import BeamGroup, BeamOptions, BeamStep
 from ..core.detokenizer import Detokenizer
-from ..core.kv_eviction import make_eviction
-from ..core.logprobs import check_logprobs
-from ..core.logprobs import record as record_logprobs
+from ..core.logprobs import Logprobs, check_logprobs
 from ..core.model_runner import ModelRunner
 from ..core.outputs import RequestOutput
 from ..core.request import Request
@@ -37,6 +37,7 @@ from ..core.scheduler import Scheduler
 from ..core.sequence import Sequence
 from ..core.trace import BlockSnapshot, Trace, block_snapshot
 from ..core.verify import verify
+from ..guided import JumpForward
 from ..guided import attach as attach_guide
 from ..threads import auto_threads
 from .parts import Parts, prepare
@@ -51,13 +52,13 @@ class LLMEngine:
         self.backend, self.backend_choice = self.config.backend, parts.backend_choice  # e.g. "numba", and why
         self.clock = clock or time.perf_counter
         auto_threads()     # unless a thread count was chosen: the cores free now (a busy core makes a pool spin-wait)
-        self.eviction = make_eviction(self.config.kv_eviction)   # None, or who leaves the cache (core/kv_eviction.py)
-        limit = self.config.max_model_len if self.eviction is None else 2**62   # eviction: generate past the context
-        self.scheduler = Scheduler(self.config, self.block_manager, self.clock, Detokenizer(self.tokenizer, limit),
-                                   parts.policy, slots=self.proposer.num_slots, eviction=self.eviction)
-        self.scheduler.lora = parts.lora          # enable_lora: adapter slots, filled as sequences are admitted
+        self.eviction = parts.eviction            # who leaves the KV cache (NoEviction: nobody; minillm.core.hooks)
+        stops = Detokenizer(self.tokenizer, self.eviction.context_limit(self.config.max_model_len))
+        self.scheduler = Scheduler(self.config, self.block_manager, self.clock, stops, parts.policy,
+                                   slots=self.proposer.num_slots, eviction=self.eviction, lora=parts.lora, groups={})
         self.runner = ModelRunner(parts.forward, self.kv, parts.swap, hidden=self.proposer.needs_hidden,
-                                  eviction=self.eviction)
+                                  eviction=self.eviction, lora=parts.lora)
+        self.post = [Logprobs(), JumpForward(), BeamStep(self.scheduler)]   # after verify, in this order
         self.trace = Trace(self.config.trace, block_bytes=self.kv.nbytes // self.kv.num_blocks,
                            block_size=self.kv.block_size)
         self.requests: dict[str, Request] = {}
@@ -108,8 +109,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
         self.scheduler.add(request.seqs)
-        if request.beam is not None:
-            self.scheduler.groups[request.request_id] = request.beam
+        request.join(self.scheduler.groups)       # a beam request's group runs and leaves whole
         return request.request_id
 
     def make_beam_request(self, prompt, beam_width: int, max_tokens: int, *, length_penalty: float = 1.0,
@@ -137,11 +137,7 @@ class LLMEngine:
     def lora_adapter(self, lora):
         """lora= of a request -> None or its LoRAAdapter (minillm.llama.lora), read on first use by the parts' loader
         (a shipped name or a PEFT directory). ValueError for an unknown or unfit adapter, or without enable_lora."""
-        if lora is None:
-            return None
-        if self.parts.lora is None:
-            raise ValueError(f"lora={lora!r} needs an engine made with enable_lora=True (LLM(..., enable_lora=True))")
-        return self.parts.lora.get(lora)
+        return None if lora is None else self.parts.lora.get(lora)
 
     def validate(self, prompt) -> list[int]:
         """Prompt -> token ids, or a ValueError naming what is wrong. Queues nothing."""
@@ -207,9 +203,10 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------ the loop
-    def step(self) -> list[RequestOutput]:
-        """One model call. Returns the state of every request that ran in it."""
-        start, batch = self.clock(), self.scheduler.schedule()
+    def step(self, expect_arrivals: bool = True) -> list[RequestOutput]:
+        """One model call. Returns the state of every request that ran in it. expect_arrivals=False: every request
+        is known (LLM.generate), so a batching window waits for no more."""
+        start, batch = self.clock(), self.scheduler.schedule(expect_arrivals)
         with self._transaction(batch):
             self.runner.move_blocks(batch)                                # swaps and copy-on-write, before any write
             if not batch:
@@ -217,13 +214,14 @@ class LLMEngine:
             drafts, draft_s = self._timed(self.proposer.propose, batch)   # k tokens per decode row, or None
             out, run_s = self._timed(self.runner.run, batch, drafts)      # logits at every newest token and draft
             verdicts = verify(batch, drafts, out, self.verify_rule)       # what each row emits, drafts kept
+            pending = self.trace.before_update(batch, self.scheduler)    # the KV pool as the model call left it
+            for post in self.post:
+                post.on_verdicts(batch, out, verdicts)                    # logprobs, jump-forward, beam search
             self.runner.commit(batch, drafts, verdicts)                   # a kept tree path into consecutive slots
             self.proposer.observe(batch, drafts, verdicts, out)
-        pending = self.trace.before_update(batch, self.scheduler)
-        if self.scheduler.groups:                                         # beam search: choose, fork, prune
-            pending["pruned"] = beam_step(self.scheduler, batch, out, verdicts)
         self.scheduler.update(batch, verdicts)                            # append, stop, finish, free, roll back
-        record_logprobs(batch, verdicts)                                  # logprobs of the tokens appended
+        for post in self.post:
+            post.on_update(batch, verdicts)                               # logprobs of the tokens appended
         self.proposer.gc(*self.scheduler.live_ids())
         self.trace.after_update(batch, drafts, verdicts, pending, start, draft_s, run_s, self.clock())
         return [self.requests[rid].output() for rid in dict.fromkeys(s.request_id for s in batch.seqs)]
@@ -237,14 +235,13 @@ class LLMEngine:
         """Undo what a step did before its update if anything in it raises (KeyboardInterrupt included)."""
         seqs = [r.seq for r in batch.rows if r.writes] + [c for _, c in batch.forks]
         saved = [(s, s.generator.get_state()) for s in seqs if not s.params.greedy]
-        scores = [(s, s.kv_scores.clone()) for s in seqs if s.kv_scores is not None]   # H2O's attention sums
+        scores = self.eviction.save(seqs)                                  # H2O's attention sums
         try:
             yield
         except BaseException:
             for s, state in saved:
                 s.generator.set_state(state)
-            for s, kept in scores:
-                s.kv_scores = kept
+            self.eviction.restore(scores)
             self.scheduler.rollback(batch)
             for s in seqs:
                 self.proposer.rollback(s, s.num_computed)

@@ -64,10 +64,9 @@ class LLM:
         ids = [engine.enqueue(r) for r in requests]
         wanted, done = set(ids), {}
         bar = progress(len(ids), desc=desc, enabled=use_tqdm)
-        engine.scheduler.expect_arrivals = False       # every request is known: no batching window to wait out
         try:
             while wanted - done.keys():
-                engine.step()
+                engine.step(expect_arrivals=False)     # every request is known: no batching window to wait out
                 for out in engine.pop_finished():
                     done[out.request_id] = out
                     bar.update(1)
@@ -78,7 +77,6 @@ class LLM:
                     engine.requests.pop(rid)
             raise
         finally:
-            engine.scheduler.expect_arrivals = True
             bar.close()
         return done
 

@@ -12,7 +12,7 @@ forward over the last dimension where an nn.Linear was).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -20,12 +20,13 @@ import torch
 from ..backends.capabilities import backend_model, check_backend, choose_backend, sparsity_kind
 from ..config import EngineConfig
 from ..core.block_manager import BlockManager
+from ..core.hooks import NoAdapters, NoEviction
 from ..core.policies import SchedulingPolicy, make_policy
 from ..core.proposer import Proposer
 from ..core.verify import verify_sampled
 from ..llama.kv_cache import KVCache, SwapSpace
 
-SEAMS = ("policy", "block_manager", "proposer", "verify")
+SEAMS = ("policy", "block_manager", "proposer", "verify", "eviction")
 
 
 @dataclass
@@ -43,7 +44,8 @@ class Parts:
     quant_report: Optional[dict] = None
     backend_choice: str = ""        # which backend runs the forward, and why (backend="auto" says what it skipped)
     sparsity_report: Optional[dict] = None  # minillm.quantization.prune's: zeros per layer, bytes
-    lora: Any = None                # enable_lora: the adapter slots in the model (minillm.llama.lora.LoRASlots)
+    lora: Any = field(default_factory=NoAdapters)     # enable_lora: the model's adapter slots (llama.lora.LoRASlots)
+    eviction: Any = field(default_factory=NoEviction)  # kv_eviction: who leaves the cache (minillm.core.kv_eviction)
 
 
 def check_combinations(config: EngineConfig, model=None):
@@ -101,8 +103,11 @@ def check_order(config: EngineConfig):
 
 def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[SchedulingPolicy] = None,
             block_manager: Optional[Callable] = None, proposer: Optional[Proposer] = None,
-            verify: Optional[Callable] = None) -> Parts:
-    """model: a Transformer from minillm.load (already in config.dtype); tokenizer: its tokenizer."""
+            verify: Optional[Callable] = None, eviction=None) -> Parts:
+    """model: a Transformer from minillm.load (already in config.dtype); tokenizer: its tokenizer.
+    eviction: an eviction policy object (minillm.core.kv_eviction) in place of the one config.kv_eviction names;
+    the attention rule stays config.kv_eviction's."""
+    from ..core.kv_eviction import make_eviction
     from ..quantization.quantize import quantize_model
     config, spec, choice = check_combinations(config.with_model(model.config), model)
     quant_report = sparsity_report = None
@@ -112,7 +117,7 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
     if config.quantization:            # a quantized copy: the caller's model is left as it was
         model, quant_report = quantize_model(model, config.quantization, config.quant_config, tokenizer)
     model.ensure_rope(config.max_model_len)
-    lora = None
+    lora = NoAdapters()
     if config.enable_lora:             # a copy sharing the weights, its linears with max_loras adapter slots
         model, lora = _lora_slots(model, config)
     kv_dtype = torch.int8 if config.kv_cache_dtype == "int8" else next(model.parameters()).dtype
@@ -134,7 +139,8 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
         proposer = _proposer(spec, model, tokenizer, config, kv) if spec else Proposer()
     policy = policy or make_policy(config, kv.num_blocks * config.block_size)   # lpm's tree: the pool's tokens
     return Parts(config, model, tokenizer, forward, kv, SwapSpace(kv, swap_blocks) if swap_blocks else None, bm,
-                 policy, proposer, verify or verify_sampled, quant_report, choice, sparsity_report, lora)
+                 policy, proposer, verify or verify_sampled, quant_report, choice, sparsity_report, lora,
+                 eviction or make_eviction(config.kv_eviction))
 
 
 def _lora_slots(model, config: EngineConfig):

@@ -24,9 +24,9 @@ jump-forward and that comparison.
 """
 from .fsm import DFA, compile_dfa
 from .json_schema import schema_to_regex
-from .processor import GuidedProcessor, attach, jump_forward, processor_of
+from .processor import GuidedProcessor, JumpForward, attach, jump_forward, processor_of
 from .regex import RegexError, parse
 from .token_index import TokenIndex, compile_choice, compile_json, compile_regex
 
 __all__ = ["DFA", "GuidedProcessor", "RegexError", "TokenIndex", "attach", "compile_choice", "compile_dfa",
-           "compile_json", "compile_regex", "jump_forward", "parse", "processor_of", "schema_to_regex"]
+           "JumpForward", "compile_json", "compile_regex", "jump_forward", "parse", "processor_of", "schema_to_regex"]

@@ -141,6 +141,23 @@ def processor_of(params) -> GuidedProcessor | None:
 
 def jump_forward(seq, tokens: list) -> list[int]:
     """The tokens the request's constraint forces after its output and this step's tokens (the engine appends
-    them with the step's; minillm.core.verify)."""
+    them with the step's: JumpForward)."""
     proc = processor_of(seq.params)
     return proc.jump(seq.output_ids + tokens) if proc is not None and proc.jump_forward and tokens else []
+
+
+class JumpForward:
+    """The engine's post-processor (a minillm.core.hooks.VerdictStep) for guided_* requests: after verification,
+    each row that emitted tokens also emits the tokens its pattern forces next, without computing them."""
+
+    def on_verdicts(self, batch, out, verdicts: list):
+        seqs = [r.seq for r in batch.rows] + [child for _, child in batch.forks]
+        for seq, v in zip(seqs, verdicts):
+            if v.error is None and v.tokens and seq.params.logits_processors:
+                try:
+                    v.tokens += jump_forward(seq, v.tokens)
+                except Exception as e:               # this request's problem: it ends with an error
+                    v.error = f"{type(e).__name__}: {e}"
+
+    def on_update(self, batch, verdicts: list):
+        pass

@@ -68,8 +68,7 @@ def check_window_victims(fn):
     prompt, p = list(range(1, 200)), SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
     ref = LLM("random:tiny", backend="torch", kv_eviction=spec)
     want = ref.generate([prompt], p)[0].outputs[0].token_ids
-    llm = LLM("random:tiny", backend="torch", kv_eviction=spec)
-    llm.engine.scheduler.eviction = _victims_policy(fn)          # the student's policy frees the blocks
+    llm = LLM("random:tiny", backend="torch", kv_eviction=spec, eviction=_victims_policy(fn))   # the student's frees
     got = llm.generate([prompt], p)[0].outputs[0].token_ids
     bm, used = llm.engine.block_manager, [s.blocks_used for s in llm.engine.trace.steps]
     bm.check([])

@@ -301,6 +301,17 @@ class LoRASlots:
         self.by_spec[key] = adapter.digest
         return adapter
 
+    def admit(self, seq, sched) -> bool:
+        """The scheduler's hook (minillm.core.hooks.NoAdapters): a slot for the adapter of seq, being admitted
+        (none needed for the base model). The running, swapped-out and padding sequences keep theirs resident."""
+        if seq.lora is None:
+            return True
+        return self.acquire(seq.lora, sched.running + list(sched.swapped) + sched.padding)
+
+    def use(self, rows: list, num_tokens: int):
+        """The model runner's hook: each row's adapter slot (-1: the base model) for one forward of T tokens a row."""
+        return self.model.lora_context.use([r.seq.lora_slot for r in rows], num_tokens)
+
     def acquire(self, adapter: LoRAAdapter, live: list) -> bool:
         """A slot for `adapter`, whose sequence is being admitted; live: the sequences that keep their adapters
         resident (running, swapped out, static padding). -> False when every slot holds an adapter in use."""
