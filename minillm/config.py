@@ -180,7 +180,7 @@ def check_sparsity(sparsity) -> Optional[dict]:
     return {"method": method, "pattern": sparsity["pattern"]}
 
 
-KV_EVICTION_METHODS = ("streaming", "h2o")                                    # minillm.core.kv_eviction
+KV_EVICTION_METHODS = ("streaming", "h2o")                                    # minillm.kv_eviction
 
 
 def check_kv_eviction(value) -> Optional[dict]:

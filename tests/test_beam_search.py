@@ -1,7 +1,7 @@
-"""Beam search (minillm.core.beam) inside the one engine path: against plain references, batch-invariant, no leaks,
+"""Beam search (minillm.decoding.beam) inside the one engine path: against plain references, batch-invariant, no leaks,
 beams sharing blocks and giving them back when pruned, fewer blocks than independent samples, and bad input.
 
-Two references, both written out plainly here (not minillm.core.beam's code):
+Two references, both written out plainly here (not minillm.decoding.beam's code):
 - the shipped model in float64, a full-sequence forward per beam per step: the engine runs float32 (torch and
   numba), so tokens are compared only where the reference's candidates are at least MARGIN apart at every
   selection (the test asserts the prompts it uses are), and cumulative logprobs within TOL;
@@ -18,11 +18,11 @@ from hashmodel import HashModel, allowed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import minillm.core.beam as beam_module
+import minillm.decoding.beam as beam_module
 from minillm import LLM, SamplingParams
 from minillm.core.batch import ScheduledBatch
-from minillm.core.beam import BeamSearchOutput, beam_step
 from minillm.core.policies import Continuous
+from minillm.decoding.beam import BeamSearchOutput, beam_step
 from minillm.formats.loader import sample_tokenizer
 from minillm.llama.tokenizer import BOS, EOS
 

@@ -1,4 +1,4 @@
-"""kv_eviction (minillm.core.kv_eviction): StreamingLLM and H2O as a setting of the one engine, on the torch backend.
+"""kv_eviction (minillm.kv_eviction): StreamingLLM and H2O as a setting of the one engine, on the torch backend.
 
 Checks: bad options refused naming the value; numba refuses it (auto picks torch); keys stored before RoPE and
 rotated on read give the same tokens as the usual cache when nothing is evicted; RoPE scores depend only on the
@@ -14,8 +14,8 @@ import torch
 from minillm import LLM, SamplingParams
 from minillm.backends.capabilities import choose_backend
 from minillm.config import EngineConfig
-from minillm.core.kv_eviction import H2OPolicy, StreamingPolicy, check_kv_eviction
 from minillm.core.sequence import Sequence
+from minillm.kv_eviction import H2OPolicy, StreamingPolicy, check_kv_eviction
 from minillm.llama.attention import AttentionMetadata, paged_attention
 from minillm.llama.transformer import apply_rope, rope_tables, rotate_keys
 

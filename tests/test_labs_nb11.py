@@ -2,8 +2,8 @@
 class that raises or returns nonsense fails cleanly and leaves nothing behind for the next attempt."""
 import math
 
-from minillm.core.orders import Order
 from minillm.labs import check_goodput, check_mlfq_order
+from minillm.scheduling.orders import Order
 
 
 def goodput(ttfts, tpots, slo_ttft, slo_tpot, seconds):

@@ -4,7 +4,8 @@
     llama                                     the model and its numerics
     formats, guided                           files in and out; structured output's automata over the tokenizer
     core                                      the engine's mechanisms and its seams
-    spec_decode, quantization, backends       plug into the core's seams; independent of each other
+    spec_decode, quantization, backends,      plug into the core's seams; independent of each other
+    parallel, decoding, scheduling, kv_eviction
     engine                                    parts prepared in one place, LLMEngine, LLM
     bench, training, labs, serve              use the engine
     viz                                       draws what the layers below record (minillm never imports it)
@@ -21,10 +22,12 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 LAYERS = {"kernels": 0, "config": 0, "paths": 0, "progress": 0, "threads": 0, "_moved": 0, "_checkout": 0,
           "llama": 1, "formats": 2, "guided": 2,
           "core": 3,
-          "spec_decode": 4, "quantization": 4, "backends": 4, "parallel": 4, "engine": 5,
+          "spec_decode": 4, "quantization": 4, "backends": 4, "parallel": 4, "decoding": 4, "scheduling": 4,
+          "kv_eviction": 4, "engine": 5,
           "bench": 6, "training": 6, "labs": 6, "serve": 6, "cluster": 6,
           "viz": 7, "__main__": 8, "__init__": 8}
-INDEPENDENT = {"spec_decode", "quantization", "backends", "parallel"}   # plug-ins: none may import another
+INDEPENDENT = {"spec_decode", "quantization", "backends", "parallel", "decoding", "scheduling",
+               "kv_eviction"}                                       # plug-ins: none may import another
 
 
 def modules() -> dict:

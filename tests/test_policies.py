@@ -1,5 +1,5 @@
-"""Scheduling orders (minillm.core.orders, EngineConfig.scheduling_policy): each order on hand-built queues, priority
-preemption, MLFQ's skip-join, demotion and promotion, VTC's counters and its lift, the cache-aware order, and
+"""Scheduling orders (minillm.scheduling.orders, EngineConfig.scheduling_policy): each order on hand-built queues,
+priority preemption, MLFQ's skip-join, demotion and promotion, VTC's counters and its lift, the cache-aware order, and
 the rule that an order changes WHEN a request runs, never WHAT it computes (the hash model's outputs under
 fuzzed schedules, and the shipped model's greedy tokens on the numba backend, bit for bit)."""
 import zlib
@@ -12,12 +12,21 @@ from test_scheduler_fuzz import run_schedule, schedules
 from minillm import LLM, SamplingParams
 from minillm.config import EngineConfig
 from minillm.core.block_manager import BlockManager
-from minillm.core.orders import FCFS, MLFQ, LongestPrefix, Priority, ShortestJobFirst, VirtualTokenCounter, make_order
-from minillm.core.policies import Chunked, Continuous, make_policy
+from minillm.core.policies import Chunked, Continuous
 from minillm.core.scheduler import Scheduler
 from minillm.core.sequence import Sequence
 from minillm.engine.engine import LLMEngine
 from minillm.labs.hashmodel import IdTokenizer
+from minillm.scheduling import make_policy
+from minillm.scheduling.orders import (
+    FCFS,
+    MLFQ,
+    LongestPrefix,
+    Priority,
+    ShortestJobFirst,
+    VirtualTokenCounter,
+    make_order,
+)
 
 
 # ---------------------------------------------------------------- hand-built queues (pure Python, no model)

@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt
 from minillm.viz import scheduling
 
 from minillm.core.outputs import CompletionOutput, RequestOutput
-from minillm.core.radix import RadixTree
 from minillm.core.sequence import RequestMetrics
+from minillm.scheduling.radix import RadixTree
 
 matplotlib.use("Agg")
 

@@ -1,10 +1,10 @@
-"""The radix tree of cached prefixes (minillm.core.radix, SGLang's RadixAttention) against brute force: match is
+"""The radix tree of cached prefixes (minillm.scheduling.radix, SGLang's RadixAttention) against brute force: match is
 the longest common prefix with anything stored, insert stores shared prefixes once, eviction drops the least
 recently used leaves and never what was just inserted, and the size count is the sum of the edges."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minillm.core.radix import RadixTree
+from minillm.scheduling.radix import RadixTree
 
 seqs = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=12)
 

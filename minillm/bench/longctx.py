@@ -2,7 +2,7 @@
 
 Perplexity: held-out windows of the model's whole context (1024 tokens, minillm.bench.quant.held_out_windows), every
 token scored through the engine (prompt_logprobs) with full attention and with each eviction policy at each budget
-(sinks + window tokens). An evicting sequence is prefilled in chunks of minillm.core.kv_eviction.CHUNK tokens, blocks
+(sinks + window tokens). An evicting sequence is prefilled in chunks of minillm.kv_eviction.CHUNK tokens, blocks
 leaving between chunks, so every token is scored with at most the budget in view (StreamingLLM's own evaluation
 feeds one token at a time; chunks of 64 give the same visible set, the window rule being applied per token).
 Generation past the context: a greedy streaming generation from a long prompt to beyond max_model_len, with the

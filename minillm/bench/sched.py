@@ -1,5 +1,5 @@
-"""`python -m minillm bench sched`: the scheduling orders (EngineConfig.scheduling_policy, minillm.core.orders) on one
-heavy-tailed trace at a stated utilisation, then two traces that need their own setting: a flooding client
+"""`python -m minillm bench sched`: the scheduling orders (EngineConfig.scheduling_policy, minillm.scheduling.orders)
+on one heavy-tailed trace at a stated utilisation, then two traces that need their own setting: a flooding client
 (fairness) and multi-turn chats (the cache-aware order and the radix tree).
 
 Utilisation is stated against the engine's capacity on this machine's cost model: a full batch's decode step shared
@@ -26,16 +26,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.block_manager import BlockManager
-from ..core.radix import RadixTree
 from ..core.sampling import SamplingParams
 from ..core.sequence import Sequence
 from ..formats.loader import load, random_model
+from ..scheduling.radix import RadixTree
 from .replay import replay
 from .step_cost import StepCost
 from .workload import at_rate, heavy_tailed, merge, multi_turn_chat
 
 ORDERS_COMPARED = ("fcfs", "sjf", "priority", "mlfq", "fair")
-W_P, W_Q = 1.0, 2.0                  # VTC's service weights (minillm.core.orders.VirtualTokenCounter)
+W_P, W_Q = 1.0, 2.0                  # VTC's service weights (minillm.scheduling.orders.VirtualTokenCounter)
 
 
 # ---------------------------------------------------------------------------- metrics

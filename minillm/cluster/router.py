@@ -19,7 +19,8 @@ decision, per request, decides the replicas' load balance AND which replica's pr
                     3. else the replica with the smallest tree (most cache room), ties to the least loaded;
                   then the prompt is inserted into the chosen replica's tree (LRU leaves evicted past its capacity).
                   Defaults are SGLang's router_args: cache_threshold 0.3, balance_abs_threshold 64,
-                  balance_rel_threshold 1.5. SGLang's trees hold characters; these hold token ids (minillm.core.radix).
+                  balance_rel_threshold 1.5. SGLang's trees hold characters; these hold token ids
+                  (minillm.scheduling.radix).
 
     router = Router("prefix_aware", num_replicas=4)
     i = router.route(prompt_ids)        # -> replica index; router.load[i] += 1
@@ -30,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..core.radix import RadixTree
+from ..scheduling.radix import RadixTree
 
 ROUTING_POLICIES = ("round_robin", "least_loaded", "prefix_aware")
 

@@ -220,7 +220,7 @@ class BlockManager:
         del seq.block_table[keep:]
 
     def drop_blocks(self, seq: Sequence, indices: list[int]) -> list[int]:
-        """kv_eviction (minillm.core.kv_eviction): the blocks at these indices of seq's table leave it, full blocks
+        """kv_eviction (minillm.kv_eviction): the blocks at these indices of seq's table leave it, full blocks
         only; the tokens after them move up to fill the gap (seq.evicted counts the tokens gone). -> freed ids."""
         freed = []
         for i in sorted(indices, reverse=True):

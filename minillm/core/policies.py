@@ -9,11 +9,12 @@ A policy's schedule(sched) builds one ScheduledBatch with two calls of the sched
                                                   if it was preempted itself
 and reads sched.waiting (oldest first), sched.running, sched.swapped, sched.budget (tokens per step).
 
-A batching policy decides how a step is built; its ORDER (minillm.core.orders, EngineConfig.scheduling_policy:
-fcfs, sjf, priority, mlfq, fair, lpm) decides who comes first: order.admissible(sched) is the waiting queue in
-admission order, order.running(sched) the running sequences best first, and order.preempt(sched) lets a preemptive
-order (priority, mlfq, sjf) make room for a waiting request that outranks running ones. With FCFS (the default)
-each policy is exactly what it was before orders existed.
+A batching policy decides how a step is built; its ORDER (minillm.core.order: FCFS; the others plug in from
+minillm.scheduling.orders, EngineConfig.scheduling_policy: sjf, priority, mlfq, fair, lpm) decides who comes
+first: order.admissible(sched) is the waiting queue in admission order, order.running(sched) the running
+sequences best first, and order.preempt(sched) lets a preemptive order (priority, mlfq, sjf) make room for a
+waiting request that outranks running ones. With FCFS (the default) each policy is exactly what it was before
+orders existed.
 
 Batching policies (EngineConfig.batching and enable_chunked_prefill):
 - Continuous (Orca, Yu et al. 2022): waiting requests join at every step. A step is a prefill of newly admitted
@@ -32,7 +33,7 @@ import math
 
 from ..config import EngineConfig
 from .batch import ScheduledBatch
-from .orders import FCFS, Order, make_order
+from .order import FCFS, Order
 from .sequence import Status
 
 UNLIMITED = math.inf
@@ -128,13 +129,22 @@ class Dynamic(Static):
         return sched.clock() - sched.waiting[0].metrics.arrival_time >= self.window_s
 
 
-def make_policy(config: EngineConfig, cache_tokens: int | None = None) -> SchedulingPolicy:
-    """The batching policy of config, with the order config.scheduling_policy names. cache_tokens: the KV pool's
-    size in tokens, which bounds lpm's radix tree as the pool bounds the prefix cache."""
-    kwargs = {"capacity": cache_tokens} if config.scheduling_policy == "lpm" else {}
-    order = make_order(config.scheduling_policy, **kwargs)
+def batching_policy(config: EngineConfig, order: Order | None = None) -> SchedulingPolicy:
+    """The batching policy config names, asking `order` who comes first (FCFS by default). The order
+    config.scheduling_policy names is built by minillm.scheduling.make_policy, which calls this."""
+    if order is None and config.scheduling_policy != "fcfs":
+        raise ValueError(f"scheduling_policy={config.scheduling_policy!r} is a plug-in order: build the policy with "
+                         f"minillm.scheduling.make_policy(config), or pass its order")
+    order = order or FCFS()
     if config.batching == "static":
         return Static(order)
     if config.batching == "dynamic":
         return Dynamic(config.batch_window_s, order)
     return Chunked(order) if config.enable_chunked_prefill else Continuous(order)
+
+
+def __getattr__(name: str):
+    if name == "make_policy":
+        raise ImportError("minillm.core.policies.make_policy moved to minillm.scheduling.make_policy (the orders it "
+                          "builds by name are plug-ins); minillm.core.policies.batching_policy takes an order object")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

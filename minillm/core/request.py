@@ -17,7 +17,7 @@ class Request:
     params: SamplingParams
     arrival_time: float
     seqs: list                     # [Sequence] one per sample (best_of, else n); beam search: the live beams
-    beam: Optional[object] = None  # beam search: its BeamGroup (minillm.core.beam), which also makes its output
+    beam: Optional[object] = None  # beam search: its BeamGroup (minillm.decoding.beam), which also makes its output
 
     @property
     def finished(self) -> bool:

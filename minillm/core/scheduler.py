@@ -9,7 +9,7 @@ Who runs is the policy's call (minillm.core.policies); how is the scheduler's:
 - a decode row gets the draft slots the proposer asks for (vLLM's lookahead slots) only if they fit without
   preempting anyone; otherwise it decodes plainly this step;
 - n > 1: only a request's first sample is prefilled; the others fork its blocks when its prompt is done.
-- beam search (minillm.core.beam): extend() of a beam schedules all of its group's beams or none, and a preempted
+- beam search (minillm.decoding.beam): extend() of a beam schedules all of its group's beams or none, and a preempted
   beam takes its whole group with it (the group starts over from its prompt).
 update() appends the verified tokens, checks stops (minillm.core.detokenizer), finishes, frees and rolls back.
 """
@@ -23,8 +23,8 @@ from ..config import EngineConfig
 from .batch import ScheduledBatch, Verdict
 from .block_manager import BlockManager
 from .hooks import NoAdapters, NoEviction
-from .orders import FCFS
-from .policies import SchedulingPolicy, make_policy
+from .order import FCFS
+from .policies import SchedulingPolicy, batching_policy
 from .sequence import Sequence, Status
 
 
@@ -38,8 +38,8 @@ class Scheduler:
                  eviction: NoEviction = NoEviction(), lora: NoAdapters = NoAdapters(), groups: Optional[dict] = None):
         self.config, self.block_manager, self.clock, self.stops = config, block_manager, clock, stops
         self.eviction, self.lora = eviction, lora
-        self.policy = policy or make_policy(config)
-        self.order = getattr(self.policy, "order", None) or FCFS()   # who is preempted, who swaps in (core/orders.py)
+        self.policy = policy or batching_policy(config)
+        self.order = getattr(self.policy, "order", None) or FCFS()   # who is preempted, who swaps in (core/order.py)
         self.slots = slots or (lambda seq: 0)     # draft slots the proposer wants past a decode's newest token
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -87,7 +87,7 @@ class Scheduler:
         return end - seq.num_computed
 
     def extend(self, batch: ScheduledBatch, seq: Sequence, budget=float("inf")) -> int:
-        if seq.request_id in self.groups:                     # a beam group runs whole or waits (core/beam.py)
+        if seq.request_id in self.groups:                     # a beam group runs whole or waits (minillm.decoding.beam)
             return self.groups[seq.request_id].extend(self, batch, budget)
         return self.extend_one(batch, seq, budget)
 
@@ -125,7 +125,7 @@ class Scheduler:
         """preemption_mode "swap": move the sequence's K/V to the swap space (if it has room) and resume it later
         where it stopped. "recompute" (or a full swap space): drop its K/V and queue it first; its prefill rebuilds
         them (vLLM v0's two modes; recompute is cheaper for short sequences). A beam's whole group leaves and starts
-        over from its prompt (minillm.core.beam). -> the sequences that left running."""
+        over from its prompt (minillm.decoding.beam). -> the sequences that left running."""
         if seq.request_id in self.groups:
             return self.groups[seq.request_id].restart(self, seq)
         self.running.remove(seq)

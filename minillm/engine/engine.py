@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from typing import Callable, Optional
 
 from ..core.batch import ScheduledBatch
-from ..core.beam import BeamGroup, BeamOptions, BeamStep
 from ..core.detokenizer import Detokenizer
 from ..core.logprobs import Logprobs, check_logprobs
 from ..core.model_runner import ModelRunner
@@ -37,6 +36,7 @@ from ..core.scheduler import Scheduler
 from ..core.sequence import Sequence
 from ..core.trace import BlockSnapshot, Trace, block_snapshot
 from ..core.verify import verify
+from ..decoding.beam import BeamGroup, BeamOptions, BeamStep
 from ..guided import JumpForward
 from ..guided import attach as attach_guide
 from ..threads import auto_threads
@@ -115,7 +115,7 @@ class LLMEngine:
     def make_beam_request(self, prompt, beam_width: int, max_tokens: int, *, length_penalty: float = 1.0,
                           ignore_eos: bool = False, request_id: Optional[str] = None,
                           arrival_time: Optional[float] = None) -> Request:
-        """A beam search request (minillm.core.beam): one request whose live beams are sequences sharing KV blocks.
+        """A beam search request (minillm.decoding.beam): one request whose live beams are sequences sharing KV blocks.
         Validated, the whole group's blocks included, before anything is queued (see enqueue)."""
         options = BeamOptions.check(beam_width, max_tokens, length_penalty, ignore_eos)
         if self.config.speculative is not None:

@@ -9,9 +9,9 @@ from dataclasses import fields
 from typing import Optional, Union
 
 from ..config import EngineConfig
-from ..core.beam import BeamSearchOutput
 from ..core.outputs import RequestOutput
 from ..core.sampling import SamplingParams
+from ..decoding.beam import BeamSearchOutput
 from ..formats.loader import load
 from ..progress import progress
 from .engine import LLMEngine
@@ -82,7 +82,7 @@ class LLM:
 
     def beam_search(self, prompts: Union[str, list], beam_width: int, max_tokens: int, *, length_penalty: float = 1.0,
                     ignore_eos: bool = False, use_tqdm: bool = False) -> list[BeamSearchOutput]:
-        """Beam search (minillm.core.beam; vLLM's LLM.beam_search): per prompt, the beam_width best sequences, best
+        """Beam search (minillm.decoding.beam; vLLM's LLM.beam_search): per prompt, the beam_width best sequences, best
         first by cum_logprob / length ** length_penalty (.sequences[i].tokens include the prompt, as vLLM's).
         Deterministic: temperature, top-k/top-p and seeds do not apply. It runs in the one engine loop, beside
         any other request, its beams sharing KV blocks (copy-on-write). Every prompt, and each group's worst case

@@ -21,10 +21,11 @@ from ..backends.capabilities import backend_model, check_backend, choose_backend
 from ..config import EngineConfig
 from ..core.block_manager import BlockManager
 from ..core.hooks import NoAdapters, NoEviction
-from ..core.policies import SchedulingPolicy, make_policy
+from ..core.policies import SchedulingPolicy
 from ..core.proposer import Proposer
 from ..core.verify import verify_sampled
 from ..llama.kv_cache import KVCache, SwapSpace
+from ..scheduling import make_policy
 
 SEAMS = ("policy", "block_manager", "proposer", "verify", "eviction")
 
@@ -45,7 +46,7 @@ class Parts:
     backend_choice: str = ""        # which backend runs the forward, and why (backend="auto" says what it skipped)
     sparsity_report: Optional[dict] = None  # minillm.quantization.prune's: zeros per layer, bytes
     lora: Any = field(default_factory=NoAdapters)     # enable_lora: the model's adapter slots (llama.lora.LoRASlots)
-    eviction: Any = field(default_factory=NoEviction)  # kv_eviction: who leaves the cache (minillm.core.kv_eviction)
+    eviction: Any = field(default_factory=NoEviction)  # kv_eviction: who leaves the cache (minillm.kv_eviction)
 
 
 def check_combinations(config: EngineConfig, model=None):
@@ -78,8 +79,8 @@ def check_combinations(config: EngineConfig, model=None):
 
 def check_eviction(config: EngineConfig):
     """kv_eviction's cache (sinks + window + a chunk + two partial blocks) must fit in the model's context, whose
-    RoPE positions the cache indices use (minillm.core.kv_eviction)."""
-    from ..core.kv_eviction import CHUNK
+    RoPE positions the cache indices use (minillm.kv_eviction)."""
+    from ..kv_eviction import CHUNK
     ev = config.kv_eviction
     if ev is not None and ev["sinks"] + ev["window"] + CHUNK + 2 * config.block_size > config.max_model_len:
         raise ValueError(f"EngineConfig.kv_eviction sinks={ev['sinks']} + window={ev['window']} (+ a chunk of {CHUNK} "
@@ -88,9 +89,9 @@ def check_eviction(config: EngineConfig):
 
 
 def check_order(config: EngineConfig):
-    """scheduling_policy is an order inside a batching policy (minillm.core.orders): a preemptive one needs a batch
-    that can change every step, and lpm ranks by the prefix cache, so it needs one."""
-    from ..core.orders import ORDERS
+    """scheduling_policy is an order inside a batching policy (minillm.scheduling.orders): a preemptive one needs a
+    batch that can change every step, and lpm ranks by the prefix cache, so it needs one."""
+    from ..scheduling.orders import ORDERS
     order = ORDERS[config.scheduling_policy]
     if config.batching != "continuous" and order.preemptive:
         raise ValueError(f"scheduling_policy={config.scheduling_policy!r} preempts running requests for waiting "
@@ -105,9 +106,9 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
             block_manager: Optional[Callable] = None, proposer: Optional[Proposer] = None,
             verify: Optional[Callable] = None, eviction=None) -> Parts:
     """model: a Transformer from minillm.load (already in config.dtype); tokenizer: its tokenizer.
-    eviction: an eviction policy object (minillm.core.kv_eviction) in place of the one config.kv_eviction names;
+    eviction: an eviction policy object (minillm.kv_eviction) in place of the one config.kv_eviction names;
     the attention rule stays config.kv_eviction's."""
-    from ..core.kv_eviction import make_eviction
+    from ..kv_eviction import make_eviction
     from ..quantization.quantize import quantize_model
     config, spec, choice = check_combinations(config.with_model(model.config), model)
     quant_report = sparsity_report = None

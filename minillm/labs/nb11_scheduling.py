@@ -151,7 +151,7 @@ def check_mlfq_order(order_cls):
     queue that ranks requests by output tokens served (FastServe without skip-join or promotion). Its levels and
     keys are checked, then it runs the engine (Continuous(order_cls(...))) on a heavy-tailed workload: every step
     must run the same sequences as the engine's own MLFQ, and every request its own tokens."""
-    from ..core.orders import FCFS, MLFQ
+    from ..scheduling.orders import FCFS, MLFQ
     order = order_cls(quantum=QUANTUM, levels=LEVELS)                  # a fresh object
     _check_levels(order)
     _check_keys(order)

@@ -8,7 +8,7 @@ SINKS, WINDOW, BS = 4, 44, 16           # the engine run: tiny random model, 199
 
 def _victims_policy(fn):
     """The student's fn(n_cache, n_blocks, block_size, sinks, window) as the engine's StreamingPolicy.victims."""
-    from ..core.kv_eviction import StreamingPolicy
+    from ..kv_eviction import StreamingPolicy
 
     class Student(StreamingPolicy):
         def victims(self, seq, n_cache, block_size):
@@ -27,9 +27,9 @@ def _states():
 
 def _diagnose(fn):
     """Compare fn with the engine's StreamingPolicy on every state; assert with the mistake's name."""
-    from ..core.kv_eviction import StreamingPolicy
     from ..core.sampling import SamplingParams
     from ..core.sequence import Sequence
+    from ..kv_eviction import StreamingPolicy
     for n, nb, bs, sinks, window in _states():
         seq = Sequence(0, "r", 0, [1], SamplingParams(), 0, 0.0)
         seq.block_table = list(range(nb))

@@ -25,7 +25,7 @@ class AttentionMetadata:
     positions: torch.Tensor      # (B, T) int64, the query tokens' positions
     tree_mask: Optional[torch.Tensor] = None  # (B, T, T) bool: Medusa's candidate tree, new token t sees new token u
                                               # iff tree_mask[b, t, u] (ancestors and itself), and every cached one
-    # kv_eviction (minillm.core.kv_eviction): keys are stored before RoPE and rotated at their cache index on read;
+    # kv_eviction (minillm.kv_eviction): keys are stored before RoPE and rotated at their cache index on read;
     rope_on_read: bool = False
     rope: Optional[Callable] = None           # k (B, S, Hkv, D) -> k rotated at 0..S-1, set by the model's forward
     window: Optional[tuple] = None            # (sinks, window): query p sees key j iff j < sinks or p - j < window

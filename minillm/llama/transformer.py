@@ -60,7 +60,7 @@ def apply_rope(x, cos, sin):
 
 
 def rotate_keys(cos_table, sin_table, k):
-    """kv_eviction stores keys before RoPE (minillm.core.kv_eviction): the gathered keys k (B, S, Hkv, D) rotated at
+    """kv_eviction stores keys before RoPE (minillm.kv_eviction): the gathered keys k (B, S, Hkv, D) rotated at
     their cache index 0 .. S - 1. cos_table, sin_table: (S', D/2) with S' >= S."""
     B, S = k.shape[:2]
     cos, sin = (t[:S].to(k.dtype).expand(B, S, -1) for t in (cos_table, sin_table))   # (B, S, D/2)
@@ -84,7 +84,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)   # (B, T, Hkv, D)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)   # (B, T, Hkv, D)
         q = apply_rope(q, cos, sin)
-        if attn is None or not attn.rope_on_read:     # kv_eviction stores keys before RoPE (minillm.core.kv_eviction)
+        if attn is None or not attn.rope_on_read:     # kv_eviction stores keys before RoPE (minillm.kv_eviction)
             k = apply_rope(k, cos, sin)
         if kv is None:
             y = causal_attention(q, k, v, self.dropout if self.training else 0.0)  # (B, T, H, D)

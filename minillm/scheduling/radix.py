@@ -5,7 +5,7 @@ minillm's prefix cache proper is the block manager's (minillm.core.block_manager
 hash chaining its parent's, so a prompt reuses whole leading blocks only, and a prefix shorter than a block, or
 the partial block at its end, is never found. A radix tree matches at token granularity, and answers "how much
 of this prompt is cached?" in one walk, without hashing. That answer is what SGLang's cache-aware scheduling
-order ranks waiting requests by (longest prefix match first: minillm.core.orders.LongestPrefix). Here the tree
+order ranks waiting requests by (longest prefix match first: minillm.scheduling.orders.LongestPrefix). Here the tree
 is that order's model of the cache, sized like the KV pool and evicted least-recently-used, leaf first, as
 SGLang evicts; minillm.bench.sched compares the two structures' hit rates on one multi-turn chat trace.
 

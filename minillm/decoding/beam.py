@@ -45,11 +45,11 @@ from typing import Optional
 import torch
 
 from ..config import _check_bool, _check_int, _check_real
-from .batch import Verdict
-from .hooks import VerdictStep
-from .outputs import CompletionOutput, RequestOutput
-from .sampling import SamplingParams
-from .sequence import RequestMetrics, Sequence, Status
+from ..core.batch import Verdict
+from ..core.hooks import VerdictStep
+from ..core.outputs import CompletionOutput, RequestOutput
+from ..core.sampling import SamplingParams
+from ..core.sequence import RequestMetrics, Sequence, Status
 
 
 # ---------------------------------------------------------------------------- what LLM.beam_search returns

@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from ..config import KV_EVICTION_METHODS, check_kv_eviction  # noqa: F401  (the option's checks live with it)
-from .hooks import NoEviction
+from ..core.hooks import NoEviction
 
 CHUNK = 64          # tokens per row of an evicting sequence (prefill in chunks, evicting in between)
 

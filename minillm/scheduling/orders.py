@@ -25,9 +25,10 @@ computes: each sequence keeps its own generator, so a request's tokens are the s
               client with the smallest counter is admitted next, and a client that returns from idle has its
               counter lifted to the smallest among the active ones, so it cannot bank service while away.
     lpm       SGLang's cache-aware order: longest prefix match first, the match measured in a radix tree of the
-              cached prefixes (minillm.core.radix), so requests that reuse the cache run while it still holds
+              cached prefixes (minillm.scheduling.radix), so requests that reuse the cache run while it still holds
               their prefix; over 128 waiting it falls back to fcfs, as SGLang does. Needs prefix caching.
 
+Order (the interface) and FCFS live in the core (minillm.core.order); the others plug in from here.
 The interface the batching policies and the scheduler call (a subclass overrides key(); fcfs overrides the rest):
     refresh(sched)         once per step, before anything is scheduled: update levels, counters, the tree
     admissible(sched)      waiting sequences in admission order (empty while a better-ranked one is swapped out)
@@ -41,85 +42,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..core.order import FCFS, Order
+from ..core.sequence import Sequence
 from .radix import RadixTree
-from .sequence import Sequence
-
-
-class Order:
-    name = "order"
-    preemptive = False          # may a waiting request preempt a running one it outranks
-    uses_priority = False       # does it read a request's priority= (the engine refuses priority= otherwise)
-
-    def key(self, seq: Sequence) -> tuple:
-        """Smaller runs first. Every key ends in (arrival time, seq id): ties go to the oldest."""
-        raise NotImplementedError
-
-    def tiebreak(self, seq: Sequence) -> tuple:
-        return seq.metrics.arrival_time, seq.seq_id
-
-    # ------------------------------------------------------------------ what the policies and scheduler call
-    def refresh(self, sched):
-        pass
-
-    def admissible(self, sched) -> list:
-        waiting = sorted(sched.waiting, key=self.key)
-        if sched.swapped:                       # a preempted sequence that outranks them comes back first
-            best = min(self.key(s) for s in sched.swapped)
-            waiting = [s for s in waiting if self.key(s) < best]
-        return waiting
-
-    def running(self, sched) -> list:
-        return sorted(sched.running, key=self.key)
-
-    def victim(self, sched) -> Sequence:
-        return max(sched.running, key=self.key)
-
-    def next_swap_in(self, sched) -> Optional[Sequence]:
-        best = min(sched.swapped, key=self.key)
-        if sched.waiting and min(self.key(s) for s in sched.waiting) < self.key(best):
-            return None                         # a waiting request outranks it: it goes first
-        return best
-
-    def preempt(self, sched):
-        """Preemptive orders: walk the waiting sequences best first, counting the seats and blocks those that fit
-        will take; for the first that does not fit, preempt the running sequences it outranks, worst first, as
-        few as make it fit (none if even all of them would not)."""
-        if not self.preemptive:
-            return
-        bm, seats = sched.block_manager, sched.config.max_num_seqs
-        free_seats, free_blocks = seats - len(sched.running), bm.num_free
-        for seq in self.admissible(sched):
-            need = -(-(len(seq) + 1) // bm.block_size) - len(seq.block_table)     # its prompt plus one token
-            if free_seats < 1 or need > free_blocks:
-                lower = sorted((s for s in sched.running if self.key(s) > self.key(seq)), key=self.key, reverse=True)
-                k = next((k for k in range(1, len(lower) + 1) if free_seats + k >= 1 and
-                          need <= free_blocks + sum(len(s.block_table) for s in lower[:k])), None)
-                if k is None:
-                    return                      # it waits; so do those after it (admission stops at it too)
-                for victim in lower[:k]:
-                    free_seats, free_blocks = free_seats + 1, free_blocks + len(victim.block_table)
-                    sched.preempt(victim)
-            free_seats, free_blocks = free_seats - 1, free_blocks - need
-
-
-class FCFS(Order):
-    """Today's engine, unchanged: the deques' own order (a preempted sequence goes back to the front)."""
-    name = "fcfs"
-
-    def key(self, seq: Sequence) -> tuple:
-        return self.tiebreak(seq)
-
-    def admissible(self, sched) -> list:
-        return list(sched.waiting) if not sched.swapped else []   # swapped sequences come back first
-
-    def running(self, sched) -> list:
-        return list(sched.running)
-
-    def victim(self, sched) -> Sequence:
-        return sched.running[-1]                                  # the most recently admitted
-
-    def next_swap_in(self, sched) -> Optional[Sequence]:
-        return sched.swapped[0]
 
 
 class ShortestJobFirst(Order):
