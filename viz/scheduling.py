@@ -3,7 +3,7 @@ order, each client's service over time, latency against utilisation, and the pre
 tree of token runs beside the block manager's chain of block hashes).
 
 Inputs are plain data: RequestOutputs (their metrics: arrival, token times, finish), bench sched's result dicts, a
-minillm.core.radix.RadixTree and token-id lists."""
+minillm.scheduling.radix.RadixTree and token-id lists."""
 from __future__ import annotations
 
 import numpy as np
