@@ -24,12 +24,13 @@ MOVED = {
     "minillm.runc": "minillm.engine.runc", "minillm.bench_quant": "minillm.bench.quant",
     "minillm.bench_serve": "minillm.bench.serve", "minillm.bench_spec": "minillm.bench.spec",
     "minillm.profiling": "minillm.bench.profiling", "minillm.roofline": "minillm.bench.roofline",
-    "minillm.workload": "minillm.bench.workload", "minillm.data": "minillm.training.data",
+    "minillm.data": "minillm.training.data",
     "minillm.train": "minillm.training.train", "minillm.ship": "minillm.training.ship",
     "minillm.exercises": "minillm.labs", "minillm.student": "minillm.labs.student",
     # plug-ins that left the minimal engine (core/): each imports core, core never imports it
     "minillm.core.beam": "minillm.decoding.beam", "minillm.core.radix": "minillm.scheduling.radix",
     "minillm.core.orders": "minillm.scheduling.orders", "minillm.core.kv_eviction": "minillm.kv_eviction.policies",
+    "minillm.bench.workload": "minillm.workload",   # a lower layer that bench, cluster and labs share
 }
 SPLIT = {
     "minillm.quant": "weight types (Int8Linear, Int4Linear, Q80Linear, W8A8Linear, AWQLinear) to "

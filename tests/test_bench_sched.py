@@ -8,9 +8,9 @@ import pytest
 
 from minillm.__main__ import main
 from minillm.bench.sched import client_shares, prefix_hit_rates, sched_metrics
-from minillm.bench.workload import Request, at_rate, heavy_tailed, merge, multi_turn_chat, pareto_lengths
 from minillm.core.outputs import CompletionOutput, RequestOutput
 from minillm.core.sequence import RequestMetrics
+from minillm.workload import Request, at_rate, heavy_tailed, merge, multi_turn_chat, pareto_lengths
 
 
 def fake_output(i, arrival, token_times, prompt_len=4):

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from minillm.bench.serve import replay
-from minillm.bench.workload import SkipClock, make_workload
 from minillm.formats.loader import random_model
+from minillm.workload import SkipClock, make_workload
 
 
 def test_workload_is_seeded_skewed_and_shares_prefixes():

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from minillm.bench.step_cost import StepCost
-from minillm.bench.workload import Request
 from minillm.cluster import DisaggregatedEngine, Link, replay_disagg, replay_routed, timelines
 from minillm.cluster.kv_transfer import block_bytes, export_sequence, import_sequence
 from minillm.config import EngineConfig
@@ -16,6 +15,7 @@ from minillm.core.sampling import SamplingParams
 from minillm.engine.engine import LLMEngine
 from minillm.formats.loader import random_model
 from minillm.llama.kv_cache import KVCache
+from minillm.workload import Request
 
 OPTS = dict(backend="torch", dtype="float64", max_model_len=128, block_size=8, max_num_seqs=8)
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

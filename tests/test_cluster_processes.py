@@ -5,13 +5,13 @@ its message. No timing is asserted (transfer seconds are only checked to be meas
 import pytest
 import torch
 
-from minillm.bench.workload import Request
 from minillm.cluster.processes import disagg_processes, replay_routed_processes
 from minillm.config import EngineConfig
 from minillm.core.sampling import SamplingParams
 from minillm.engine.engine import LLMEngine
 from minillm.formats.loader import load
 from minillm.llama.kv_cache import KVCache
+from minillm.workload import Request
 
 OPTS = dict(backend="torch", dtype="float64", max_model_len=128, block_size=8, max_num_seqs=8)
 TRACE = [Request(0.02 * i, [1] + [300 + (5 * i + j) % 150 for j in range(3 + 9 * i)], 8) for i in range(6)]

@@ -6,9 +6,9 @@ import random
 import pytest
 
 from minillm.bench.step_cost import StepCost
-from minillm.bench.workload import Request
 from minillm.cluster import ROUTING_POLICIES, CacheAware, Router, replay_routed, routed_metrics
 from minillm.formats.loader import random_model
+from minillm.workload import Request
 
 COST = StepCost(1e-3, 5e-4, 1e-4, "test")
 OPTS = dict(backend="torch", max_model_len=256, block_size=8, max_num_seqs=8)

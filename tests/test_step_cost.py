@@ -5,8 +5,8 @@ import pytest
 
 from minillm.bench.serve import replay
 from minillm.bench.step_cost import StepCost
-from minillm.bench.workload import SimClock, make_workload
 from minillm.core.trace import StepRecord
+from minillm.workload import SimClock, make_workload
 
 COST = StepCost(overhead_s=5e-3, row_s=3e-4, token_s=2e-4)     # a laptop-like model: fixed, so tests are exact
 

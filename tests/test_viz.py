@@ -203,13 +203,16 @@ def test_serving_memory_comparison_and_latency_plots():
 
 
 def test_serving_explorer_is_a_widget():
+    from functools import partial
+
     import minillm.viz as viz
 
-    from minillm.bench.workload import make_workload
+    from minillm.bench.replay import explorer_replay
     from minillm.formats.loader import random_model
+    from minillm.workload import make_workload
     model, tok = random_model("tiny")
-    w = viz.serving_explorer(model, tok, make_workload(3, 512, rate=0, prompt_median=6, output_median=3, max_len=64),
-                             max_model_len=64)
+    wl = make_workload(3, 512, rate=0, prompt_median=6, output_median=3, max_len=64)
+    w = viz.serving_explorer(partial(explorer_replay, model, tok, wl, 64), max_model_len=64)
     assert {c.description for c in w.children[:-1]} >= {"block_size", "batching", "chunk budget", "KV (x seq)"}
 
 

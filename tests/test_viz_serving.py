@@ -2,6 +2,7 @@
 once showed a transparent, empty image after a change while its numbers updated), and the plots added for the
 lessons draw what they are given: per-step latency, KV bytes over time, TTFT against rate, the block map's legend."""
 import io
+from functools import partial
 
 import matplotlib
 import matplotlib.pyplot
@@ -10,8 +11,9 @@ import pytest
 from minillm.viz import serving
 from minillm.viz._figure import COLORS
 
-from minillm.bench.workload import make_workload
+from minillm.bench.replay import explorer_replay
 from minillm.formats.loader import random_model
+from minillm.workload import make_workload
 
 
 def shown(fig) -> np.ndarray:
@@ -37,7 +39,7 @@ def timeline_drawn(fig) -> bool:
 def explorer():
     model, tok = random_model("tiny")
     wl = make_workload(3, 512, rate=0, prompt_median=6, output_median=3, max_len=64, seed=0)
-    return serving.serving_explorer(model, tok, wl, max_model_len=64)
+    return serving.serving_explorer(partial(explorer_replay, model, tok, wl, 64), max_model_len=64)
 
 
 def test_the_explorer_draws_a_timeline_for_every_control_value(explorer):
@@ -61,7 +63,8 @@ def test_the_explorer_draws_a_timeline_for_every_control_value(explorer):
 def test_the_explorer_run_names_its_setting():
     model, tok = random_model("tiny")
     wl = make_workload(3, 512, rate=0, prompt_median=6, output_median=3, max_len=64, seed=0)
-    fig, line = serving.explorer_run(model, tok, wl, 64, batching="continuous", token_budget=32)
+    fig, line = serving.explorer_run(partial(explorer_replay, model, tok, wl, 64), batching="continuous",
+                                     token_budget=32)
     assert "chunk budget 32" in fig.axes[0].get_title() and "preemptions" in line
     matplotlib.pyplot.close(fig)
 

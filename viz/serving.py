@@ -274,28 +274,21 @@ def plot_block_size_cost(block_sizes, step_ms, waste, title: str = "Block size: 
     return finish(fig)
 
 
-def explorer_run(model, tokenizer, workload, max_model_len: int = 256, block_size: int = 16,
-                 kv_sequences: float = 4.0, batching: str = "continuous", token_budget: int = 0):
-    """One setting of the serving explorer: replay `workload` on a fresh engine (wall clock) -> (figure of its
-    timeline, a line of its numbers). The widget calls this for every change; tests call it directly."""
-    from ..bench.serve import replay
-
-    per_seq = max_model_len * model.config.kv_bytes_per_token(4)
-    opts = dict(block_size=block_size, max_model_len=max_model_len, kv_cache_bytes=int(kv_sequences * per_seq),
-                batching=batching, trace=True)
-    if token_budget and batching == "continuous":       # chunked prefill is a continuous-batching policy
-        opts.update(enable_chunked_prefill=True, max_num_batched_tokens=token_budget)
-    res, engine, _ = replay(model, tokenizer, workload, batching, return_engine=True, **opts)
-    line = (f"{res.throughput:.0f} tokens/s, TTFT p50 {res.ttft_p50 * 1e3:.0f} ms (wall clock), "
-            f"KV waste {res.kv_waste:.1%}, peak {res.peak_running} sequences, {res.preemptions} preemptions")
+def explorer_run(run, block_size: int = 16, batching: str = "continuous", token_budget: int = 0, **setting):
+    """One setting of the serving explorer: run(block_size=..., batching=..., token_budget=..., **setting) replays
+    a workload and returns (trace steps, a line of numbers) (minillm.bench.replay.explorer_replay, bound to a model
+    and workload) -> (figure of its timeline, the line). The widget calls this for every change; tests call it."""
+    steps, line = run(block_size=block_size, batching=batching, token_budget=token_budget, **setting)
     chunk = f", chunk budget {token_budget}" if token_budget and batching == "continuous" else ""
-    fig = plot_timeline(engine.trace.steps, title=f"{batching}, block_size {block_size}{chunk}")
+    fig = plot_timeline(steps, title=f"{batching}, block_size {block_size}{chunk}")
     return fig, line
 
 
-def serving_explorer(model, tokenizer, workload, max_model_len: int = 256):
-    """Controls for block size, KV bytes, batching and the chunked-prefill token budget; each change
-    replays `workload` (minillm.bench.workload requests) on a fresh engine and draws its timeline and numbers.
+def serving_explorer(run, max_model_len: int = 256):
+    """Controls for block size, KV bytes, batching and the chunked-prefill token budget; each change calls
+    run(block_size=, kv_sequences=, batching=, token_budget=) -> (trace steps, a line of numbers), e.g.
+    functools.partial(minillm.bench.replay.explorer_replay, model, tokenizer, workload, max_model_len), which
+    replays the workload on a fresh engine, and draws its timeline and numbers.
     A VBox of the controls and an Output (run it in a live notebook). Each drawing is a figure pyplot never
     holds (viz/widget.py says why), shown with display() inside the Output; the last one stays in `.figure`
     (and its numbers in `.summary`) for tests."""
@@ -318,7 +311,7 @@ def serving_explorer(model, tokenizer, workload, max_model_len: int = 256):
 
     def redraw(_change=None):
         values = {n: c.value for n, c in zip(names, controls)}
-        fig, line = figure_for_widget(explorer_run, model, tokenizer, workload, max_model_len, **values)
+        fig, line = figure_for_widget(explorer_run, run, **values)
         with out:
             out.clear_output(wait=True)
             print(line)

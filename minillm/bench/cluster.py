@@ -34,9 +34,8 @@ from ..cluster.router import ROUTING_POLICIES
 from ..config import EngineConfig
 from ..engine.engine import LLMEngine
 from ..formats.loader import load, random_model
-from .sched import sched_metrics
+from ..workload import Request, sched_metrics
 from .step_cost import StepCost
-from .workload import Request
 
 ASSUMED_LINK = Link(50e-6, 2e9, "assumed: a pipe between two processes of one machine")
 

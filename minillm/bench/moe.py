@@ -14,17 +14,14 @@ import json
 import math
 import os
 import statistics
-from dataclasses import replace
 
 import torch
 
-from ..config import ModelConfig
 from ..core.sampling import SamplingParams
 from ..engine.llm import LLM
+from ..formats.held_out import evaluate, held_out_windows
 from ..formats.loader import MODELS_DIR, load
-from ..llama.moe import MoEConfig, expert_load, load_imbalance, moe_config, moe_layers, reset_stats
-from ..training.train import evaluate
-from .quant import held_out_windows
+from ..llama.moe import compute_vs_params, expert_load, load_imbalance, moe_config, moe_layers, reset_stats
 
 
 def _moe_of(model):
@@ -67,23 +64,6 @@ def load_per_step(llm: LLM, prompts, params: SamplingParams) -> list:
         out.append({"step": len(out), "kind": rec.kind if rec else "",
                     "tokens": rec.num_prefill_tokens + rec.num_decode_tokens if rec else 0,
                     "rows": int(grown[0].sum()) // k, "load": grown.tolist()})
-    return out
-
-
-def compute_vs_params(cfg: ModelConfig, moe: MoEConfig) -> dict:
-    """Parameters stored vs used by one token, and forward FLOPs per token (ModelConfig.flops_per_token's count:
-    2 per multiply-add, classifier included, no attention context). An MoE layer stores E experts and runs k."""
-    L, C, E = cfg.n_layers, cfg.dim, moe.n_experts
-    router = L * C * E
-    total = replace(cfg, hidden_dim=E * moe.expert_hidden)           # every expert: the dense model's size
-    active = replace(cfg, hidden_dim=moe.top_k * moe.expert_hidden)  # what a token's k experts add up to
-    out = {"params_total": total.num_params() + router, "params_active": active.num_params() + router,
-           "ffn_params_total": L * 3 * C * moe.expert_hidden * E, "ffn_params_active": L * 3 * C * moe.expert_hidden
-           * moe.top_k, "router_params": router,
-           "flops_per_token_active": active.flops_per_token() + 2 * router,
-           "flops_per_token_all_experts": total.flops_per_token() + 2 * router}
-    out["active_fraction"] = out["params_active"] / out["params_total"]
-    out["flops_fraction"] = out["flops_per_token_active"] / out["flops_per_token_all_experts"]
     return out
 
 

@@ -29,7 +29,8 @@ import torch
 
 from ..core.sampling import RunCSampler, SamplingParams
 from ..engine.runc import decode_loop
-from ..formats.loader import MODELS_DIR, load
+from ..formats.held_out import held_out_windows  # noqa: F401  (bench quant's own, and its old home)
+from ..formats.loader import load
 from ..llama.attention import AttentionMetadata
 from ..llama.kv_cache import KVCache
 from ..quantization.calibration import with_outlier_channels
@@ -45,13 +46,6 @@ SCHEMES = [("fp32", None, None, "auto"), ("int8", "int8", None, "auto"),
            # the same function with outlier activation channels (quant.with_outlier_channels): the SmoothQuant case
            ("w8a8, outliers", "w8a8", None, "auto", "outliers"),
            ("smoothquant, outliers", "smoothquant", {"alpha": 0.5}, "auto", "outliers")]
-
-
-def held_out_windows(tok, T: int = 256, max_windows: int = 25):
-    """The packaged held-out Shakespeare slice, cut into (N, T) inputs and targets."""
-    ids = torch.tensor(tok.encode(open(os.path.join(MODELS_DIR, "val_slice.txt")).read()))
-    n = min(max_windows, (len(ids) - 1) // T)
-    return ids[:n * T].view(n, T), ids[1:n * T + 1].view(n, T)
 
 
 def pool_loss(model, x, y, kv_dtype=torch.float32, block_size: int = 16, batch: int = 4) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 from ..config import EngineConfig
 from ..core.sampling import SamplingParams
 from ..engine.engine import LLMEngine
-from .workload import Request, SimClock, SkipClock
+from ..workload import Request, SimClock, SkipClock
 
 
 @dataclass
@@ -102,3 +102,19 @@ def _next_event(engine, to_come: list[Request], now: float) -> float:
         events.append(waiting[0].metrics.arrival_time + engine.config.batch_window_s)
     ahead = [t for t in events if t > now]
     return min(ahead) if ahead else now + 1e-3
+
+
+def explorer_replay(model, tokenizer, workload: list[Request], max_model_len: int = 256, block_size: int = 16,
+                    kv_sequences: float = 4.0, batching: str = "continuous", token_budget: int = 0):
+    """One setting of notebook 05's serving explorer: replay `workload` on a fresh engine (wall clock) -> (its
+    trace's steps, a line of its numbers). minillm.viz.serving_explorer calls it (through a partial) for every
+    change of its controls and draws the steps; viz itself never runs a workload."""
+    per_seq = max_model_len * model.config.kv_bytes_per_token(4)
+    opts = dict(block_size=block_size, max_model_len=max_model_len, kv_cache_bytes=int(kv_sequences * per_seq),
+                batching=batching, trace=True)
+    if token_budget and batching == "continuous":       # chunked prefill is a continuous-batching policy
+        opts.update(enable_chunked_prefill=True, max_num_batched_tokens=token_budget)
+    res, engine, _ = replay(model, tokenizer, workload, batching, return_engine=True, **opts)
+    line = (f"{res.throughput:.0f} tokens/s, TTFT p50 {res.ttft_p50 * 1e3:.0f} ms (wall clock), "
+            f"KV waste {res.kv_waste:.1%}, peak {res.peak_running} sequences, {res.preemptions} preemptions")
+    return engine.trace.steps, line

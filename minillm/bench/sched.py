@@ -30,42 +30,12 @@ from ..core.sampling import SamplingParams
 from ..core.sequence import Sequence
 from ..formats.loader import load, random_model
 from ..scheduling.radix import RadixTree
+from ..workload import at_rate, by_request, heavy_tailed, merge, multi_turn_chat, pct, sched_metrics  # noqa: F401
 from .replay import replay
 from .step_cost import StepCost
-from .workload import at_rate, heavy_tailed, merge, multi_turn_chat
 
 ORDERS_COMPARED = ("fcfs", "sjf", "priority", "mlfq", "fair")
 W_P, W_Q = 1.0, 2.0                  # VTC's service weights (minillm.scheduling.orders.VirtualTokenCounter)
-
-
-# ---------------------------------------------------------------------------- metrics
-def _pct(xs, q) -> float:
-    return float(np.percentile(xs, q)) if len(xs) else 0.0
-
-
-def by_request(outs, workload) -> list:
-    """(workload request, its RequestOutput) pairs: replay numbers requests in arrival order ("0", "1", ...)."""
-    ordered = sorted(workload, key=lambda r: r.arrival)
-    return [(ordered[int(o.request_id)], o) for o in outs]
-
-
-def sched_metrics(outs, workload, slo_ttft: float, slo_tpot: float) -> dict:
-    """JCT, TTFT, TPOT (mean, p50, p99), goodput under the SLO, per-priority mean JCT, and the span."""
-    m = [o.metrics for o in outs]
-    jct = [x.finished_time - x.arrival_time for x in m]
-    ttft = [x.time_to_first_token for x in m]
-    tpot = [x.time_per_output_token or 0.0 for x in m]        # one token: no gap, meets any TPOT target
-    span = max(x.finished_time for x in m) - min(r.arrival for r in workload)
-    good = sum(1 for a, b in zip(ttft, tpot) if a <= slo_ttft and b <= slo_tpot)
-    classes = {}
-    for r, o in by_request(outs, workload):
-        classes.setdefault(r.priority, []).append(o.metrics.finished_time - o.metrics.arrival_time)
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"requests": len(outs), "jct_mean": float(np.mean(jct)), "jct_p50": _pct(jct, 50), "jct_p99": _pct(jct, 99),
-            "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "tpot_p50": _pct(tpot, 50),
-            "tpot_p99": _pct(tpot, 99), "goodput": good / span, "slo_attained": good / len(outs),
-            "throughput": tokens / span, "seconds": span, "preemptions": sum(x.num_preemptions for x in m),
-            "jct_mean_by_priority": {str(k): float(np.mean(v)) for k, v in sorted(classes.items())}}
 
 
 def client_shares(outs, workload, w_p: float = W_P, w_q: float = W_Q) -> dict:

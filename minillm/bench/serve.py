@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.loader import load
+from ..workload import make_workload
 from .replay import ServeResult, replay  # noqa: F401  (replay's home is bench/replay.py; imported from here too)
 from .step_cost import StepCost
-from .workload import make_workload
 
 
 @dataclass

@@ -56,8 +56,8 @@ class StepCost:
         every size run) and fit the cost model to its steps. About a second for the shipped model. options: more
         EngineConfig options, those of the engines the cost will price (a backend's prefill and decode costs
         differ: numba computes a prompt token by token, torch in one matmul)."""
+        from ..workload import make_workload
         from .replay import replay
-        from .workload import make_workload
         wl = make_workload(12, model.config.vocab_size, rate=200.0, prompt_median=24, prompt_sigma=1.0,
                            output_median=12, output_sigma=0.5, max_len=max_model_len, seed=seed)
         replay(model, tokenizer, wl[:2], max_model_len=max_model_len, **options)    # warm-up

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..bench.sched import sched_metrics
+from ..workload import sched_metrics
 from .replica import SimReplica
 from .router import CacheAware, Router, check_policy, check_replicas
 from .sim import Timeline, simulate
@@ -38,7 +38,7 @@ class RoutedRun:
 
 def replay_routed(model, tokenizer, workload: list, policy: str, num_replicas: int, step_cost: Callable,
                   cache_aware: Optional[CacheAware] = None, **options) -> RoutedRun:
-    """Serve `workload` (minillm.bench.workload.Request: arrival, prompt_ids, max_tokens) on num_replicas engines
+    """Serve `workload` (minillm.workload.Request: arrival, prompt_ids, max_tokens) on num_replicas engines
     built with these EngineConfig options, behind a Router(policy), on the simulated clock. prefix_aware's trees
     default to the capacity of one replica's KV pool, in tokens."""
     check_policy(policy)

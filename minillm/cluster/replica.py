@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..bench.workload import SimClock
 from ..config import EngineConfig
 from ..core.sampling import SamplingParams
 from ..engine.engine import LLMEngine
+from ..workload import SimClock
 
 STALL_S = 1e-3      # a busy replica whose step ran no model call (a batching window) waits this long, or to the
                     # next event

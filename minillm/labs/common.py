@@ -15,7 +15,7 @@ import inspect
 import random
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ class ExerciseResult:
     passed: bool
     message: str
     kind: str = "warm-up"
+    drawing: object = field(default=None, repr=False, compare=False)   # what the checker kept to draw (viz reads it)
 
     def __repr__(self):
         return f"{self.name} ({self.kind}): {'pass' if self.passed else 'fail'}: {self.message}"
@@ -130,6 +131,9 @@ def _task(user_obj) -> str:
     return f"write {name}{sig}" + (f": {doc}" if doc else "")
 
 
+DRAWINGS: dict = {}     # checker name -> what its last run kept for drawing (notebook 03's kernel launches)
+
+
 def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None):
     """Register a checker. `signature` ("q, k, v") is how the checker calls the reader's function: a
     function that cannot take those arguments fails before it runs. Everything the reader's code does
@@ -140,7 +144,7 @@ def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None):
     def register(body):
         def run(user_obj) -> ExerciseResult:
             def result(passed, msg):
-                return ExerciseResult(body.__name__, passed, msg, kind)
+                return ExerciseResult(body.__name__, passed, msg, kind, DRAWINGS.get(body.__name__))
             problem = _signature_problem(user_obj, signature)
             if problem:
                 return result(False, problem)

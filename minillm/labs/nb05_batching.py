@@ -107,7 +107,7 @@ def _serve(policy, workload):
 
 def _workload():
     """[(arrival step, prompt ids, max_tokens)]: make_workload's lengths and Poisson arrivals, 1 request / 2 steps."""
-    from ..bench.workload import make_workload
+    from ..workload import make_workload
     from .hashmodel import V
     wl = make_workload(16, V, rate=0.5, prompt_median=20, output_median=8, output_sigma=0.8, max_len=64, seed=5)
     return [(int(r.arrival - wl[0].arrival), r.prompt_ids, r.max_tokens) for r in wl]

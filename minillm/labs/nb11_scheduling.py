@@ -10,10 +10,9 @@ from .common import checker
 def check_goodput(fn):
     """fn(ttfts, tpots, slo_ttft, slo_tpot, seconds) -> requests per second that met BOTH targets (a tpot of None:
     one output token, no gap to miss)"""
-    from ..bench.sched import sched_metrics
-    from ..bench.workload import Request
     from ..core.outputs import CompletionOutput, RequestOutput
     from ..core.sequence import RequestMetrics
+    from ..workload import Request, sched_metrics
     cases = [([0.1, 0.5, 0.2, 0.05], [0.02, 0.01, None, 0.09], 0.3, 0.05, 2.0),
              ([1.0, 2.0, 0.1], [0.01, 0.01, 0.2], 0.5, 0.05, 4.0), ([0.2, 0.2, 0.2], [None, None, 0.2], 0.2, 0.1, 0.5)]
     wants, gots = [], []
@@ -67,7 +66,7 @@ def _engine(policy, clock):
 
 def _workload():
     """[(arrival step, prompt ids, max_tokens)]: 14 requests, about one every 3 steps, outputs 1 to 40 tokens."""
-    from ..bench.workload import heavy_tailed
+    from ..workload import heavy_tailed
     from .hashmodel import V
     wl = heavy_tailed(14, V, rate=0.35, prompt_median=5, output_lo=1, output_hi=40, alpha=0.7, max_len=64, seed=4)
     return [(int(r.arrival), r.prompt_ids, r.max_tokens) for r in wl]

@@ -18,12 +18,14 @@ router probabilities; with `aux` the Switch load-balancing loss (Fedus et al. 20
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ..config import ModelConfig
 
 PARTITIONS = ("contiguous", "cluster")      # how upcycling splits a dense FFN's hidden units among the experts
 
@@ -318,3 +320,20 @@ def moe_partitions(model, cfg: MoEConfig, calib_tokens=None, seed: int = 0) -> O
     if calib_tokens is None:
         raise ValueError("partition='cluster' groups units by co-activation: it needs calibration tokens")
     return [cluster_partition(h, cfg.n_experts, seed=seed) for h in ffn_activations(model, calib_tokens)]
+
+
+def compute_vs_params(cfg: ModelConfig, moe: MoEConfig) -> dict:
+    """Parameters stored vs used by one token, and forward FLOPs per token (ModelConfig.flops_per_token's count:
+    2 per multiply-add, classifier included, no attention context). An MoE layer stores E experts and runs k."""
+    L, C, E = cfg.n_layers, cfg.dim, moe.n_experts
+    router = L * C * E
+    total = replace(cfg, hidden_dim=E * moe.expert_hidden)           # every expert: the dense model's size
+    active = replace(cfg, hidden_dim=moe.top_k * moe.expert_hidden)  # what a token's k experts add up to
+    out = {"params_total": total.num_params() + router, "params_active": active.num_params() + router,
+           "ffn_params_total": L * 3 * C * moe.expert_hidden * E, "ffn_params_active": L * 3 * C * moe.expert_hidden
+           * moe.top_k, "router_params": router,
+           "flops_per_token_active": active.flops_per_token() + 2 * router,
+           "flops_per_token_all_experts": total.flops_per_token() + 2 * router}
+    out["active_fraction"] = out["params_active"] / out["params_total"]
+    out["flops_fraction"] = out["flops_per_token_active"] / out["flops_per_token_all_experts"]
+    return out

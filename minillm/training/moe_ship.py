@@ -12,10 +12,10 @@ import shutil
 
 import numpy as np
 
-from ..bench.moe import compute_vs_params
-from ..bench.quant import held_out_windows
+from ..formats.held_out import held_out_windows
 from ..formats.loader import load
 from ..formats.moe import load_moe
+from ..llama.moe import compute_vs_params
 from ..paths import MODELS_DIR
 from .moe import MOE_PRESETS, routing_diagnostics
 from .train import eval_windows, evaluate

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..formats.held_out import evaluate  # noqa: F401  (the training loop's, and its old home)
 from ..formats.llama2c import load_bin, save_bin
 from ..formats.loader import load_checkpoint
 from ..llama.transformer import Transformer
@@ -85,20 +86,6 @@ def eval_windows(tokens: np.ndarray, n: int, seq_len: int):
     starts = np.linspace(0, len(tokens) - seq_len - 1, n).astype(np.int64)
     w = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64)  # (n, T+1)
     return torch.from_numpy(w[:, :-1]), torch.from_numpy(w[:, 1:])
-
-
-@torch.no_grad()
-def evaluate(model: Transformer, x, y, batch_size: int = 16) -> float:
-    """Mean cross-entropy (nats/token) over fixed windows. x, y: (N, T)."""
-    was = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for i in range(0, len(x), batch_size):
-        logits = model(x[i:i + batch_size])                                       # (B, T, V)
-        total += F.cross_entropy(logits.flatten(0, 1), y[i:i + batch_size].flatten(), reduction="sum").item()
-        count += y[i:i + batch_size].numel()
-    model.train(was)
-    return total / count
 
 
 @torch.no_grad()

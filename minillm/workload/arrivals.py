@@ -6,7 +6,7 @@ from a log-normal with the given median and sigma, clipped to [lo, hi]. Output l
 exactly with ignore_eos, so every policy serves the same number of tokens. The shared-prefix variant
 gives every prompt the same system prompt (a fraction of its length), the case prefix caching serves.
 
-For scheduling (minillm.bench.sched, notebook 11): `heavy_tailed` draws output lengths from a bounded Pareto
+For scheduling (bench sched, notebook 11): `heavy_tailed` draws output lengths from a bounded Pareto
 (a few requests want hundreds of tokens, most want a handful: the regime where FCFS's head-of-line blocking
 hurts and size-based orders pay, as in FastServe's evaluation), requests may carry a `client` and a `priority`,
 `merge` interleaves several clients' workloads, and `multi_turn_chat` builds conversations whose every turn's
