@@ -70,7 +70,7 @@ def replay(model, tokenizer, workload: list[Request], label: str = "", return_en
                                priority=getattr(r, "priority", 0) if prioritised else 0)
             i += 1
         ran = engine.trace.count
-        engine.step()
+        engine.advance()
         if step_cost is not None and engine.trace.count == ran:    # no model call: on a simulated clock time
             clock.skip_to(_next_event(engine, pending[i:], clock()))   # would stand still; go to what comes next
         outs += engine.pop_finished()

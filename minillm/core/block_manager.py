@@ -40,6 +40,7 @@ class BlockManager:
         self.prefix_caching = enable_prefix_caching
         self.free: deque[int] = deque(range(num_blocks))    # ref 0 and holding nothing reusable
         self.ref_count = [0] * num_blocks
+        self.num_shared = 0                                  # blocks in two or more tables (the trace reads it)
         self.block_hash: list = [None] * num_blocks          # hash of a full block's prefix, or None
         self.block_tokens: list = [None] * num_blocks        # its token ids, to rule out hash collisions
         self.cached: dict = {}                               # hash -> block id
@@ -103,6 +104,14 @@ class BlockManager:
         if self.ref_count[b] == 0:
             self.evictable.pop(b, None)
         self.ref_count[b] += 1
+        self.num_shared += self.ref_count[b] == 2
+
+    def _unref(self, b: int) -> bool:
+        """One table lets go of block b. -> True if nobody holds it any more."""
+        self.ref_count[b] -= 1
+        assert self.ref_count[b] >= 0, f"block {b} freed more often than referenced"
+        self.num_shared -= self.ref_count[b] == 1
+        return self.ref_count[b] == 0
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Extra blocks seq needs so that num_tokens tokens fit (ignoring prefix-cache hits)."""
@@ -159,7 +168,7 @@ class BlockManager:
             b = seq.block_table[i]
             if self.ref_count[b] > 1:
                 new = self._take_block()
-                self.ref_count[b] -= 1
+                self._unref(b)
                 seq.block_table[i] = new
                 copies.append((b, new))
             elif self.block_hash[b] is not None:
@@ -197,9 +206,7 @@ class BlockManager:
 
     def free_seq(self, seq: Sequence):
         for b in reversed(seq.block_table):
-            self.ref_count[b] -= 1
-            assert self.ref_count[b] >= 0, f"block {b} freed more often than referenced"
-            if self.ref_count[b] == 0:
+            if self._unref(b):
                 if self.block_hash[b] is not None:
                     self.evictable[b] = None          # keep its K/V for a future prefix hit
                 else:
@@ -214,8 +221,7 @@ class BlockManager:
         that held rejected draft tokens go back to the pool. The caller sets seq.num_computed."""
         keep = -(-(num_tokens - seq.evicted) // self.block_size)
         for b in reversed(seq.block_table[keep:]):
-            self.ref_count[b] -= 1
-            if self.ref_count[b] == 0:
+            if self._unref(b):
                 self.free.append(b)     # a block past the computed tokens was never hashed
         del seq.block_table[keep:]
 
@@ -225,8 +231,7 @@ class BlockManager:
         freed = []
         for i in sorted(indices, reverse=True):
             b = seq.block_table.pop(i)
-            self.ref_count[b] -= 1
-            if self.ref_count[b] == 0:
+            if self._unref(b):
                 self.free.append(b)       # eviction excludes prefix caching: no block is named
                 freed.append(b)
         seq.evicted += len(indices) * self.block_size
@@ -273,6 +278,7 @@ class BlockManager:
             for b in s.block_table:
                 counts[b] += 1
         assert counts == self.ref_count, "reference counts do not match the block tables"
+        assert self.num_shared == sum(c > 1 for c in counts), "num_shared does not count the shared blocks"
         free, evict = set(self.free), set(self.evictable)
         assert len(free) == len(self.free) and not free & evict
         for b in range(self.num_blocks):

@@ -36,6 +36,16 @@ class StepRecord:
     pruned: list = field(default_factory=list)   # beam search: beams pruned this step (their blocks given back)
 
 
+@dataclass
+class Pending:
+    """What Trace.before_update read before the scheduler's update, for after_update."""
+    before: list                  # per row: its sequence's output length
+    used: int = 0                 # blocks in use, as the model call left them
+    free: int = 0
+    filled: int = 0               # slots holding tokens (a shared block counted once)
+    shared: int = 0               # blocks in several tables
+
+
 def new_spec_stats() -> dict:
     return {"steps": 0, "rows": 0, "drafted": 0, "accepted": 0, "emitted": 0, "examined": 0, "alpha_sum": 0.0,
             "draft_seconds": 0.0, "verify_seconds": 0.0}
@@ -66,29 +76,37 @@ class Trace:
                 if e["request_id"] == str(request_id) and e["index"] == index]
 
     # ------------------------------------------------------------------ the engine's bookkeeping
-    def before_update(self, batch, scheduler) -> dict:
+    def before_update(self, batch, scheduler) -> "Pending":
         """What the update is about to change: the KV memory as the model call left it (before finished sequences
-        give their blocks back) and each sequence's output length."""
-        pending = {"before": [len(r.seq.output_ids) for r in batch.rows]}
+        give their blocks back) and each sequence's output length. Without shared blocks (the block manager counts
+        them as it goes) a sequence's tokens fill its blocks front to back: its filled slots are its cached tokens,
+        read from the sequences alone; with shared blocks, the blocks are walked (a shared block counts once)."""
+        pending = Pending([len(r.seq.output_ids) for r in batch.rows])
         if not self.enabled:
             return pending
         bm, bs = scheduler.block_manager, scheduler.block_manager.block_size
         written = {r.seq.seq_id: r.end + r.lookahead for r in batch.rows if r.writes}
+        holders = scheduler.running + scheduler.padding
+        pending.used, pending.free = bm.num_blocks - bm.num_free, bm.num_free
+        if getattr(bm, "num_shared", None) == 0:
+            pending.filled = sum(min(bs * len(s.block_table), max(0, written.get(s.seq_id, s.num_computed) - s.evicted))
+                                 for s in holders)
+            return pending
         fill, owners = {}, {}  # tokens written in each physical block (a shared block counts once); its owners
-        for s in scheduler.running + scheduler.padding:
+        for s in holders:
             n = written.get(s.seq_id, s.num_computed) - s.evicted   # kv_eviction: tokens in the cache
             for i, b in enumerate(s.block_table):
                 fill[b] = max(fill.get(b, 0), min(bs, max(0, n - i * bs)))
                 owners[b] = owners.get(b, 0) + 1
-        return {**pending, "used": bm.num_blocks - bm.num_free, "free": bm.num_free, "filled": sum(fill.values()),
-                "shared": sum(1 for c in owners.values() if c > 1)}
+        pending.filled, pending.shared = sum(fill.values()), sum(1 for c in owners.values() if c > 1)
+        return pending
 
-    def after_update(self, batch, drafts, verdicts, pending: dict, start: float, draft_seconds: float,
+    def after_update(self, batch, drafts, verdicts, pending: "Pending", start: float, draft_seconds: float,
                      run_seconds: float, end: float):
         """The step's record: it began at `start`, proposing took draft_seconds, the model call run_seconds."""
         block_bytes, block_size = self.block_bytes, self.block_size
         spec = []
-        for row, d, v, before in zip(batch.rows, drafts, verdicts, pending["before"]):
+        for row, d, v, before in zip(batch.rows, drafts, verdicts, pending.before):
             if row.lookahead and v.error is None:
                 spec.append((row, d, v, before))
         if spec or any(r.lookahead for r in batch.rows):
@@ -97,18 +115,18 @@ class Trace:
             rows = [r for r in batch.rows if r.writes]
             phases = ["prefill" if r.prefill else "decode" for r in rows] + ["fork"] * len(batch.forks)
             decoded = sum(len(r.seq.output_ids) - b if r.lookahead else 1
-                          for r, b in zip(batch.rows, pending["before"]) if r.writes and not r.prefill)
+                          for r, b in zip(batch.rows, pending.before) if r.writes and not r.prefill)
             self.record(StepRecord(
                 step=self.count, kind=batch.kind,
                 seq_ids=[r.seq.seq_id for r in rows] + [c.seq_id for _, c in batch.forks],
                 phases=phases, padding_ids=[s.seq_id for s in batch.padding],
                 num_prefill_tokens=batch.num_prefill_tokens,
-                num_decode_tokens=decoded, num_padding=len(batch.padding), blocks_used=pending["used"],
-                blocks_free=pending["free"], kv_bytes_used=pending["used"] * block_bytes,
-                kv_bytes_filled=pending["filled"] * block_bytes // block_size, start=start, seconds=end - start,
+                num_decode_tokens=decoded, num_padding=len(batch.padding), blocks_used=pending.used,
+                blocks_free=pending.free, kv_bytes_used=pending.used * block_bytes,
+                kv_bytes_filled=pending.filled * block_bytes // block_size, start=start, seconds=end - start,
                 spec=[self._spec_entry(r, v, b) for r, _, v, b in spec],
                 draft_seconds=draft_seconds, verify_seconds=run_seconds,
-                blocks_shared=pending["shared"], pruned=list(batch.pruned)))
+                blocks_shared=pending.shared, pruned=list(batch.pruned)))
         self.count += 1
 
     @staticmethod

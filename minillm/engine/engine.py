@@ -204,8 +204,13 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the loop
     def step(self, expect_arrivals: bool = True) -> list[RequestOutput]:
-        """One model call. Returns the state of every request that ran in it. expect_arrivals=False: every request
-        is known (LLM.generate), so a batching window waits for no more."""
+        """One model call (advance). Returns the state of every request that ran in it."""
+        return [self.requests[rid].output() for rid in self.advance(expect_arrivals)]
+
+    def advance(self, expect_arrivals: bool = True) -> list[str]:
+        """One model call. -> the ids of the requests that ran in it (step() makes their outputs; a loop that reads
+        only finished requests, as LLM.generate's, skips that). expect_arrivals=False: every request is known
+        (LLM.generate), so a batching window waits for no more."""
         start, batch = self.clock(), self.scheduler.schedule(expect_arrivals)
         with self._transaction(batch):
             self.runner.move_blocks(batch)                                # swaps and copy-on-write, before any write
@@ -224,7 +229,7 @@ class LLMEngine:
             post.on_update(batch, verdicts)                               # logprobs of the tokens appended
         self.proposer.gc(*self.scheduler.live_ids())
         self.trace.after_update(batch, drafts, verdicts, pending, start, draft_s, run_s, self.clock())
-        return [self.requests[rid].output() for rid in dict.fromkeys(s.request_id for s in batch.seqs)]
+        return list(dict.fromkeys(s.request_id for s in batch.seqs))
 
     def _timed(self, fn, *args):
         t0 = self.clock()

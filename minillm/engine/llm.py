@@ -66,7 +66,7 @@ class LLM:
         bar = progress(len(ids), desc=desc, enabled=use_tqdm)
         try:
             while wanted - done.keys():
-                engine.step(expect_arrivals=False)     # every request is known: no batching window to wait out
+                engine.advance(expect_arrivals=False)  # every request is known: no batching window to wait out
                 for out in engine.pop_finished():
                     done[out.request_id] = out
                     bar.update(1)
