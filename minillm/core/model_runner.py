@@ -92,29 +92,29 @@ class ModelRunner:
     def _forward(self, rows: list, queries: list, index: list, out: RunnerOutput):
         B, T = len(rows), max(len(q.tokens) for q in queries)
         M = max(len(r.seq.block_table) for r in rows)
-        tok, slot, rope, wr, tab = [], [], [], [], []     # flat lists, padded row by row: one tensor each below
+        tok, pos, slot, rope, tab = [], [], [], [], []    # flat lists, padded row by row: one tensor each below
         trees = any(q.mask is not None for q in queries)
         mask = torch.ones(B, T, T, dtype=torch.bool) if trees else None  # (B, T, T)
-        select = []
+        select, bs = [], self.kv.block_size
         for b, (r, q) in enumerate(zip(rows, queries)):
-            n, ev = len(q.tokens), r.seq.evicted       # eviction: a token's cache index is its position - evicted
+            n, ev, table = len(q.tokens), r.seq.evicted, r.seq.block_table   # eviction: index = position - evicted
             pad = [0] * (T - n)
+            cache = [p - ev for p in q.slots_at]                           # cache positions
             tok += q.tokens + pad
-            slot += [p - ev for p in q.slots_at] + pad
+            pos += cache + pad
+            slot += ([table[c // bs] * bs + c % bs for c in cache] if r.writes else [-1] * n) + [-1] * (T - n)
             rope += [p - ev for p in q.rope_at] + pad
-            wr += [r.writes] * n + [False] * (T - n)
-            tab += r.seq.block_table + [0] * (M - len(r.seq.block_table))
+            tab += table + [0] * (M - len(table))
             if q.mask is not None:
                 mask[b, :n, :n] = q.mask
             select += [b * T + j for j in q.wanted + q.prompt]
         tokens = torch.tensor(tok, dtype=torch.long).view(B, T)        # (B, T)
-        slots_at = torch.tensor(slot, dtype=torch.long).view(B, T)     # (B, T) cache positions
         rope_at = torch.tensor(rope, dtype=torch.long).view(B, T)      # (B, T) RoPE positions
-        valid = torch.tensor(wr, dtype=torch.bool).view(B, T)          # (B, T) written to the cache
-        tables = torch.tensor(tab, dtype=torch.long).view(B, M)        # (B, M)
         context_lens = torch.tensor([r.start - r.seq.evicted + len(q.tokens) for r, q in zip(rows, queries)])  # (B,)
-        attn = AttentionMetadata.build(slots_at, tables, context_lens, self.kv.block_size, valid)
-        attn.tree_mask = mask
+        attn = AttentionMetadata(torch.tensor(slot, dtype=torch.long).view(B, T),   # (B, T) slot, -1: not written
+                                 torch.tensor(tab, dtype=torch.long).view(B, M),    # (B, M) block tables
+                                 context_lens, torch.tensor(pos, dtype=torch.long).view(B, T),  # (B, T) cache pos
+                                 tree_mask=mask)
         self.eviction.prepare(attn, B, context_lens)          # kv_eviction: keys rotated on read, window, scores
         with self.lora.use(rows, T):                          # enable_lora: each row's adapter in the linears
             res = self.model(tokens, rope_at, self.kv, attn, rows=torch.tensor(select, dtype=torch.long),
