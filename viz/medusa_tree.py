@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..core.batch import Draft
 from ._figure import finish
 
 ACCEPTED_COLOR = "#55A868"      # a node on the path the target accepted (as viz.spec)
@@ -17,35 +18,20 @@ def _np_mask(mask) -> np.ndarray:
     return np.asarray(mask).astype(bool)
 
 
+def _tree(parents) -> Draft:
+    """The tree as the engine's Draft: node 0 the root (its parent -1), parents first; else a ValueError."""
+    parents = [int(p) for p in parents]
+    return Draft([0] * len(parents), None, parents).check()
+
+
 def _depths(parents: list[int]) -> list[int]:
-    n = len(parents)
-    depth = [-1] * n
-    for i in range(n):
-        chain, j = [], i
-        while j != -1 and depth[j] < 0:
-            if j in chain or not -1 <= parents[j] < n:
-                raise ValueError(f"parents {parents} is not a tree (node {j})")
-            chain.append(j)
-            j = parents[j]
-        d = -1 if j == -1 else depth[j]
-        for k in reversed(chain):
-            d += 1
-            depth[k] = d
-    return depth
+    """Each node's depth, the root's 0 (Draft counts from the newest token before it: 1)."""
+    return [d - 1 for d in _tree(parents).depths()]
 
 
 def ancestor_mask(parents) -> np.ndarray:
-    """The tree attention mask: mask[i, j] = node j is node i or one of its ancestors."""
-    parents = [int(p) for p in parents]
-    _depths(parents)                                                # raises on a cycle
-    n = len(parents)
-    m = np.zeros((n, n), dtype=bool)
-    for i in range(n):
-        j = i
-        while j != -1:
-            m[i, j] = True
-            j = parents[j]
-    return m
+    """The tree attention mask: mask[i, j] = node j is node i or one of its ancestors (Draft.mask)."""
+    return _tree(parents).mask().numpy()
 
 
 def visible_label(text) -> str:

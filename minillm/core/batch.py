@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
+
 from .sequence import Sequence
 
 
@@ -97,6 +99,31 @@ class Draft:
             path.append(i)
             i = self.parents[i]
         return path[::-1]
+
+    def depths(self) -> list:
+        """(k,) each node's distance from the row's newest token."""
+        return [self.depth(i) for i in range(len(self))]
+
+    def mask(self) -> torch.Tensor:
+        """(k, k) bool tree attention among the drafts: mask[i, j] = node j is node i or one of its ancestors
+        (a chain: causal). The one place the engine, Medusa's tree and minillm.viz build it."""
+        k = len(self)
+        m = torch.zeros(k, k, dtype=torch.bool)                           # (k, k)
+        for i in range(k):
+            p = i - 1 if self.parents is None else self.parents[i]
+            if p >= 0:
+                m[i] = m[p]                                               # the parent's ancestors (parents first)
+            m[i, i] = True
+        return m
+
+    def check(self) -> "Draft":
+        """A tree's parents come first: each node's parent is -1 (the newest token) or an earlier node."""
+        parents = list(range(-1, len(self) - 1)) if self.parents is None else self.parents
+        bad = [i for i, p in enumerate(parents) if not -1 <= p < i]
+        if len(parents) != len(self.tokens) or bad:
+            raise ValueError(f"parents {self.parents} is not a tree of {len(self.tokens)} nodes whose parents come "
+                             f"first (node {bad[0] if bad else len(self.tokens)})")
+        return self
 
 
 @dataclass

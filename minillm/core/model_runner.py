@@ -53,9 +53,7 @@ def build_query(row: Row, draft: Optional[Draft]) -> Query:
     mask = None
     if draft is not None and not draft.is_chain:
         mask = torch.ones(m + k, m + k, dtype=torch.bool).tril()           # (n, n) own tokens: causal
-        mask[m:, m:] = False
-        for i in range(k):                                                  # a node sees its ancestors only
-            mask[m + i, [m + a for a in draft.ancestors(i)]] = True
+        mask[m:, m:] = draft.mask()                                         # a node sees its ancestors only
     wanted = list(range(m - 1, m + k)) if row.completes else ([m - 1] if not row.writes else [])
     return Query(tokens, list(range(row.start, row.end + k)), rope_at, mask, wanted, prompt_rows(row))
 

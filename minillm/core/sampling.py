@@ -216,14 +216,6 @@ def argmax(logits) -> int:
     return int(torch.argmax(logits))
 
 
-def sample_batch(logits, params: list[SamplingParams], generators: list, contexts: Optional[list] = None) -> list[int]:
-    """logits: (B, V) -> B token ids, each row with its own params and generator (so a row's token does not depend
-    on the others). contexts: per row (prompt ids, output ids) for its processors and penalties, or None."""
-    contexts = contexts or [((), ())] * logits.shape[0]
-    return [sample(transform_logits(params[b], *contexts[b], logits[b]), params[b], generators[b])
-            for b in range(logits.shape[0])]
-
-
 # ---------------------------------------------------------------------------- run.c's sampler
 class RunCSampler:
     """llama2.c run.c's sampler: xorshift64* coins bit for bit, float32 softmax summed in run.c's order,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.batch import Draft, ScheduledBatch
+from ..core.batch import ScheduledBatch
 from ..core.proposer import Proposer, draft_len
 from ..core.sequence import Sequence
 from .medusa_tree import build_tree
@@ -47,7 +47,7 @@ class MedusaProposer(Proposer):
                 drafts.append(None)
                 continue
             tree = build_tree(row.seq.token_ids[-1], self.heads(h, self.classifier), choices)   # heads: (K, V)
-            drafts.append(Draft(tree.tokens[1:], None, [p - 1 for p in tree.parents[1:]]))    # node 0 is the root
+            drafts.append(tree.draft)                                                         # node 0 is the root
         return drafts
 
     def observe(self, batch: ScheduledBatch, drafts: list, verdicts: list, out) -> None:

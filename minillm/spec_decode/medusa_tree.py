@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.batch import Draft
+
 
 # ---------------------------------------------------------------------------- the candidate tree
 @dataclass
@@ -16,6 +18,11 @@ class MedusaTree:
     depths: list[int]        # (N,) 0 for the root; a node at depth d sits at position base + d (its RoPE position)
     mask: torch.Tensor       # (N, N) bool: mask[i, j] = node j is node i or one of its ancestors (tree attention)
     ranks: list[tuple]       # (N,) the path of top-k ranks that made each node, () for the root
+
+    @property
+    def draft(self) -> Draft:
+        """The candidates (the root excluded) as the engine verifies them."""
+        return _draft(self.tokens, self.parents)
 
 
 # A path of top-k ranks per node: (0, 1) = head 0's best token, then head 1's second best after it.
@@ -65,11 +72,14 @@ def build_tree(root_token: int, head_logits: torch.Tensor, choices=DEFAULT_CHOIC
         ranks.append(c)
     N = len(tokens)
     mask = torch.zeros(N, N, dtype=torch.bool)                         # (N, N)
-    for i in range(N):
-        if parents[i] >= 0:
-            mask[i] = mask[parents[i]]                                 # the parent's ancestors (parents come first)
-        mask[i, i] = True
+    mask[:, 0] = True                                                  # the root is every node's ancestor
+    mask[1:, 1:] = _draft(tokens, parents).mask()                      # the candidates' own tree (core.batch.Draft)
     return MedusaTree(tokens, parents, depths, mask, ranks)
+
+
+def _draft(tokens: list, parents: list) -> Draft:
+    """The candidates without the root, as the engine's Draft (their parent -1: the row's newest token)."""
+    return Draft(tokens[1:], None, [p - 1 for p in parents[1:]])
 
 
 def greedy_accept(tree: MedusaTree, target_next: list[int]) -> list[int]:
