@@ -208,3 +208,46 @@ def test_nothing_of_ours_uses_an_old_import_path():
                     names = [a.name for a in node.names]
                 found += [f"{os.path.relpath(path, ROOT)}: {n}" for n in names if n in old]
     assert not found, "old import paths in use:\n" + "\n".join(found)
+
+
+# ---------------------------------------------------------------------------- features are objects, not branches
+HOT_FILES = ("core/scheduler.py", "core/model_runner.py", "core/verify.py", "engine/engine.py")
+FEATURES = {"eviction", "lora", "adapters", "groups", "beam", "swap", "proposer", "guide", "guided", "jump_forward",
+            "post", "logprobs", "spec", "speculative", "medusa", "draft_model"}
+
+
+def feature_branches(path: str) -> list[str]:
+    """`if self.<feature> is (not) None` (or a truth test of it) in a file: a feature tested inside the core's hot
+    files instead of arriving as an object whose default does nothing (minillm.core.hooks)."""
+    def feature(node) -> str | None:          # self.x.y.z -> "x.y.z" if any of x, y, z names a feature
+        chain = []
+        while isinstance(node, ast.Attribute):
+            chain.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name) and node.id == "self" and FEATURES & set(chain):
+            return ".".join(reversed(chain))
+        return None
+
+    found = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            test = node.test.operand if isinstance(node.test, ast.UnaryOp) else node.test
+            if isinstance(test, ast.Compare) and isinstance(test.ops[0], (ast.Is, ast.IsNot)):
+                test = test.left
+            name = feature(test)
+            if name:
+                found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} tests self.{name}")
+    return found
+
+
+def test_no_feature_is_a_branch_in_the_hot_files():
+    bad = [b for f in HOT_FILES for b in feature_branches(os.path.join(ROOT, "minillm", f))]
+    assert not bad, "features tested by branches (give the part a null object instead):\n" + "\n".join(bad)
+
+
+def test_the_branch_check_sees_a_planted_branch(tmp_path):
+    planted = tmp_path / "scheduler.py"
+    planted.write_text("class S:\n    def admit(self, seq):\n        if self.eviction is not None:\n            pass\n"
+                       "        x = 1 if self.lora else 0\n        if not self.groups:\n            pass\n")
+    assert sorted(b.split(" tests ")[1] for b in feature_branches(str(planted))) == \
+        ["self.eviction", "self.groups", "self.lora"]

@@ -102,8 +102,12 @@ class BeamOptions:
     ignore_eos: bool = False
 
     @classmethod
-    def check(cls, beam_width, max_tokens, length_penalty=1.0, ignore_eos=False) -> "BeamOptions":
+    def check(cls, beam_width, max_tokens, length_penalty=1.0, ignore_eos=False, speculative=None) -> "BeamOptions":
+        """The options, type-checked; speculative: the engine's (beams and speculation do not combine)."""
         S = "beam_search"
+        if speculative is not None:
+            raise ValueError("beam_search scores every beam one token a step: it does not combine with speculative "
+                             f"decoding (this engine has speculative={speculative!r})")
         return cls(_check_int(S, "beam_width", beam_width, 1), _check_int(S, "max_tokens", max_tokens, 1),
                    _check_real(S, "length_penalty", length_penalty, "a finite number", lambda x: True),
                    _check_bool(S, "ignore_eos", ignore_eos))

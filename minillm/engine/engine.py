@@ -117,10 +117,7 @@ class LLMEngine:
                           arrival_time: Optional[float] = None) -> Request:
         """A beam search request (minillm.decoding.beam): one request whose live beams are sequences sharing KV blocks.
         Validated, the whole group's blocks included, before anything is queued (see enqueue)."""
-        options = BeamOptions.check(beam_width, max_tokens, length_penalty, ignore_eos)
-        if self.config.speculative is not None:
-            raise ValueError("beam_search scores every beam one token a step: it does not combine with speculative "
-                             f"decoding (this engine has speculative={self.config.speculative!r})")
+        options = BeamOptions.check(beam_width, max_tokens, length_penalty, ignore_eos, self.config.speculative)
         request = self.make_request(prompt, options.params(), request_id, arrival_time)
         options.check_fits(len(request.prompt_ids), num_blocks=self.block_manager.num_blocks,
                            block_size=self.config.block_size, max_model_len=self.config.max_model_len,
