@@ -41,3 +41,29 @@ class Request:
         prompt_lp = self.seqs[0].prompt_logprobs
         return RequestOutput(self.request_id, self.prompt, list(self.prompt_ids), outs, self.finished,
                              self.seqs[0].metrics, list(prompt_lp) if prompt_lp is not None else None)
+
+
+def prompt_ids(prompt, tokenizer, vocab_size: int, max_model_len: int) -> list[int]:
+    """A prompt (text, a list of token ids with BOS, a 1-D array or tensor) -> its token ids, or a ValueError
+    naming what is wrong and the limit. Queues nothing."""
+    if isinstance(prompt, (bytes, bytearray)):
+        raise ValueError("prompt is bytes: pass text (str, e.g. prompt.decode('utf-8')) or a list of token ids")
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    elif hasattr(prompt, "tolist") and getattr(prompt, "ndim", 0) == 1:   # a numpy array or torch tensor
+        ids = prompt.tolist()
+    elif hasattr(prompt, "__len__") and not isinstance(prompt, dict):
+        ids = list(prompt)
+    else:
+        raise ValueError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}")
+    V, limit = vocab_size, max_model_len
+    bad = [t for t in ids if isinstance(t, bool) or not hasattr(t, "__index__") or not 0 <= int(t) < V]
+    if bad:
+        raise ValueError(f"prompt token ids must be integers in [0, {V}), got {bad[:5]}")
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise ValueError("prompt is empty: pass text or at least one token id")
+    if len(ids) >= limit:
+        raise ValueError(f"prompt has {len(ids)} tokens but max_model_len is {limit}: "
+                         f"it must be shorter to leave room for at least one generated token")
+    return ids

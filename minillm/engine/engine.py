@@ -30,7 +30,7 @@ from ..core.detokenizer import Detokenizer
 from ..core.logprobs import Logprobs, check_logprobs
 from ..core.model_runner import ModelRunner
 from ..core.outputs import RequestOutput
-from ..core.request import Request
+from ..core.request import Request, prompt_ids
 from ..core.sampling import SamplingParams
 from ..core.scheduler import Scheduler
 from ..core.sequence import Sequence
@@ -137,28 +137,8 @@ class LLMEngine:
         return None if lora is None else self.parts.lora.get(lora)
 
     def validate(self, prompt) -> list[int]:
-        """Prompt -> token ids, or a ValueError naming what is wrong. Queues nothing."""
-        if isinstance(prompt, (bytes, bytearray)):
-            raise ValueError("prompt is bytes: pass text (str, e.g. prompt.decode('utf-8')) or a list of token ids")
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        elif hasattr(prompt, "tolist") and getattr(prompt, "ndim", 0) == 1:   # a numpy array or torch tensor
-            ids = prompt.tolist()
-        elif hasattr(prompt, "__len__") and not isinstance(prompt, dict):
-            ids = list(prompt)
-        else:
-            raise ValueError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}")
-        V, limit = self.model.config.vocab_size, self.config.max_model_len
-        bad = [t for t in ids if isinstance(t, bool) or not hasattr(t, "__index__") or not 0 <= int(t) < V]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {V}), got {bad[:5]}")
-        ids = [int(t) for t in ids]
-        if not ids:
-            raise ValueError("prompt is empty: pass text or at least one token id")
-        if len(ids) >= limit:
-            raise ValueError(f"prompt has {len(ids)} tokens but max_model_len is {limit}: "
-                             f"it must be shorter to leave room for at least one generated token")
-        return ids
+        """Prompt -> token ids, or a ValueError naming what is wrong (minillm.core.request.prompt_ids)."""
+        return prompt_ids(prompt, self.tokenizer, self.model.config.vocab_size, self.config.max_model_len)
 
     def check_fits(self, prompt_len: int, params: SamplingParams):
         """A request that could never run is refused up front: one sample that outgrows the whole pool would wait
