@@ -321,3 +321,24 @@ def print_report(res: dict):
             print(f"two processes, K/V over a pipe: {x['transfers']} handovers, {x['transfer_bytes_total']:,} bytes, "
                   f"median {x['transfer_s_median'] * 1e3:.2f} ms (max {x['transfer_s_max'] * 1e3:.2f}); tokens equal "
                   f"to colocated for {x['tokens_equal']} of {x['requests']}")
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench cluster
+def add_parser(sub):
+    """`bench cluster`: its options, and run_cli to run it."""
+    p = sub.add_parser("cluster", help="data-parallel routing policies; prefill/decode disaggregation against "
+                                       "colocated engines (simulated clock, then processes)")
+    p.add_argument("--model", default="shakespeare")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--section", choices=["router", "disagg", "all"], default="all")
+    p.add_argument("--no-real", action="store_true", help="skip the runs in separate processes (wall clock)")
+    p.add_argument("--quick", action="store_true", help="small traces, no processes: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    res = bench_cluster(a.model, a.tokenizer, a.quick, not a.no_real,
+                        ("router", "disagg") if a.section == "all" else (a.section,))
+    print_report(res)
+    return res

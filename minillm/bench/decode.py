@@ -283,3 +283,72 @@ def bench_decode_busy(model: str, tokenizer=None, steps: int = 64, repeats: int 
                                         for k, v in res.items()},
             "ratios": {"busy / idle, free cores": rate["busy, free cores"] / rate["idle, free cores"],
                        "busy / idle, one per core": rate["busy, one per core"] / rate["idle, one per core"]}}
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench batched, decode
+def add_batched_parser(sub):
+    """`bench batched`: its options, and run_batched_cli to run it."""
+    p = sub.add_parser("batched", help="batched decode tok/s and FLOP/s, beside llama2.c's run.c (--runc)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--runc", default=None, help="a run.c binary you built (e.g. llama2.c's `make runomp`)")
+    p.add_argument("--quick", action="store_true", help="batch 4, 16 steps, 1 repeat: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_batched_cli)
+
+
+def run_batched_cli(a) -> dict:
+    batch, steps, repeats = (4, 16, 1) if a.quick else (a.batch, a.steps, a.repeats)
+    res = bench_batched(a.model, a.tokenizer, batch, steps, repeats, a.runc)
+    print(f"batched decode, {batch} sequences: {res['tok_s_median']:.0f} tok/s median ({res['threads']} threads), "
+          f"{res['flop_s_median'] / 1e9:.2f} GFLOP/s = {res['flop_fraction']:.0%} of torch's matmuls on the same "
+          f"shapes ({res['torch_matmul_flop_s'] / 1e9:.2f} GFLOP/s)")
+    if a.runc:
+        print(f"run.c (batch 1): {res['runc_tok_s_median']:.0f} tok/s median; "
+              f"batched / run.c = {res['batched_over_runc']:.1f}x")
+    return res
+
+
+def add_parser(sub):
+    """`bench decode`: its options, and run_cli to run it."""
+    p = sub.add_parser("decode", help="batch-1 decode tok/s (median of several runs)")
+    p.add_argument("--model", required=True, help="registered name, random:<preset>, .bin file or HF dir")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--steps", type=int, default=256, help="positions per run, as run.c's -n")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None, help="default: the cores free now (minillm/threads.py)")
+    p.add_argument("--busy", action="store_true", help="idle, then beside a busy loop, each in its own process: "
+                                                       "free-core threads against one thread per core")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "numba", "cuda"],
+                   help="default auto: the engine's choice (numba on a CPU)")
+    p.add_argument("--runc", default=None, help="a run.c binary you built, timed on the same file (-n steps, greedy)")
+    p.add_argument("--prompt", default="",
+                   help="the same prompt for both (default with --runc: 'To be, or not to be', since run.c stops at "
+                        "BOS and a prompt keeps it going)")
+    p.add_argument("--quick", action="store_true", help="3 runs of 64 steps: a smoke test")
+    p.add_argument("--json", default=None, help="also write the result to this file")
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    steps, repeats = (64, 3) if a.quick else (a.steps, a.repeats)
+    if a.busy:
+        res = bench_decode_busy(a.model, a.tokenizer, steps, repeats, a.backend)
+        for label, r in res["runs"].items():
+            print(f"{label:<20} {r['threads']} threads: {r['tok_s_median']:7.1f} tok/s median "
+                  f"(min {r['tok_s_min']:.1f}, max {r['tok_s_max']:.1f})")
+        for k, v in res["ratios"].items():
+            print(f"{k}: {v:.2f}x")
+        return res
+    res = bench_decode(a.model, a.tokenizer, steps, repeats, a.threads, a.backend, a.runc, a.prompt)
+    print(f"decode {res['model']} ({res['backend']}): {res['tok_s_median']:.1f} tok/s median over {repeats} runs "
+          f"of {res['steps']} steps (min {res['tok_s_min']:.1f}, max {res['tok_s_max']:.1f}; {res['threads']} threads)")
+    for part, us in res.get("profile_us_per_token", {}).items():
+        print(f"  {part:<44} {us:8.0f} us/token")
+    if a.runc:
+        print(f"run.c: {res['runc_tok_s_median']:.1f} tok/s median (min {min(res['runc_tok_s_all']):.1f}, max "
+              f"{max(res['runc_tok_s_all']):.1f}); {res['backend']} / run.c = {res['over_runc']:.2f}x")
+    return res

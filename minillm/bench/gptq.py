@@ -60,3 +60,25 @@ def print_table(res: dict):
         ratio = r.get("output_error_vs_rtn")
         print(f"{label:<22}{r['perplexity']:>9.3f}{r['delta_ppl']:>+9.2%}{r['quant_seconds']:>9.1f}"
               + (f"{ratio:>15.2f}" if ratio is not None else f"{'':>15}"))
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench gptq
+def add_parser(sub):
+    """`bench gptq`: its options, and run_cli to run it."""
+    p = sub.add_parser("gptq", help="GPTQ beside round-to-nearest int4 and AWQ at g32 and g128: delta perplexity, "
+                                    "quantization time")
+    p.add_argument("--model", default="shakespeare")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--windows", type=int, default=25, help="held-out windows of 256 tokens for perplexity")
+    p.add_argument("--quick", action="store_true",
+                   help="1 window, g128 only, GPTQ on 256 calibration tokens, no AWQ or act-order: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    quick = [(label, q, dict(cfg, calibration_tokens=256) if q == "gptq" else cfg)
+             for label, q, cfg in gptq_schemes((128,), act_order=False) if q != "awq"]
+    res = bench_gptq(a.model, a.tokenizer, 1 if a.quick else a.windows, quick if a.quick else None)
+    print_table(res)
+    return res

@@ -229,3 +229,23 @@ def print_report(res: dict):
     for name, r in o.items():
         print(f"{name:<16}{r['states']:>7}{r['masks_equal']:>13}{r['build_ms_minillm']:>10.1f}"
               f"{r['build_ms_outlines']:>9.1f}{r['mask_us_minillm']:>9.1f}{r['mask_us_outlines']:>9.1f}")
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench guided
+def add_parser(sub):
+    """`bench guided`: its options, and run_cli to run it."""
+    p = sub.add_parser("guided", help="structured output: validity, mask cost at batch 8, jump-forward, "
+                                      "masks and times beside outlines-core")
+    p.add_argument("--model", default="shakespeare")
+    p.add_argument("--samples", type=int, default=500, help="samples per schema / regex at T = 1")
+    p.add_argument("--repeats", type=int, default=5, help="rounds of the mask-cost runs")
+    p.add_argument("--quick", action="store_true", help="4 samples each, 1 repeat, 24-token mask runs, 2 constraints "
+                                                       "beside outlines-core: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    res = bench_guided(a.model, 4 if a.quick else a.samples, 1 if a.quick else a.repeats, a.quick)
+    print_report(res)
+    return res

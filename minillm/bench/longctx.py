@@ -83,3 +83,22 @@ def print_table(res: dict):
           f"(max_model_len {p['max_model_len']}); KV in use at most {p['kv_bytes_max'] / 2**20:.2f} MiB, at the end "
           f"{p['kv_bytes_last'] / 2**20:.2f} MiB (full attention would hold {p['kv_bytes_full_attention'] / 2**20:.2f}"
           f" MiB); {p['evicted_blocks']} blocks freed")
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench longctx
+def add_parser(sub):
+    """`bench longctx`: its options, and run_cli to run it."""
+    p = sub.add_parser("longctx", help="kv_eviction (StreamingLLM, H2O): perplexity against KV budget on 1024-token "
+                                       "windows, KV bytes generating past the context")
+    p.add_argument("--model", default="shakespeare")
+    p.add_argument("--windows", type=int, default=4, help="held-out windows of the model's context (1024 tokens)")
+    p.add_argument("--quick", action="store_true", help="1 window, budgets 128 and 256, 150 tokens generated")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    res = bench_longctx(a.model, 1 if a.quick else a.windows, QUICK_BUDGETS if a.quick else BUDGETS,
+                        gen_tokens=150 if a.quick else 300)
+    print_table(res)
+    return res

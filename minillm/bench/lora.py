@@ -90,3 +90,24 @@ def print_report(res: dict):
           f"({copy / per:.0f}x); slot stacks for max_loras={m['max_loras']} at max rank "
           f"{m['slot_stack_bytes'] / 2**20:.2f} MiB; base + {n} adapters "
           f"{(copy + sum(m['adapter_bytes'])) / 2**20:.1f} MiB vs {n} merged copies {n * copy / 2**20:.1f} MiB")
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench lora
+def add_parser(sub):
+    """`bench lora`: its options, and run_cli to run it."""
+    p = sub.add_parser("lora", help="LoRA: several adapters in one batch against one merged model, tok/s and bytes")
+    p.add_argument("--model", default="shakespeare")
+    p.add_argument("--adapters", default="comedies,tragedies,histories", help="comma-separated names or directories")
+    p.add_argument("--seqs", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="8 sequences, 8 tokens, 1 round: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    seqs, tokens, repeats = (8, 8, 1) if a.quick else (a.seqs, a.max_tokens, a.repeats)
+    res = bench_lora(a.model, a.adapters.split(","), seqs, max_tokens=tokens, repeats=repeats)
+    print_report(res)
+    return res

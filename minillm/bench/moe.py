@@ -183,3 +183,19 @@ def print_report(res: dict):
     print(f"decode tokens/s, both on the torch backend ({res['decode_steps']} steps, median of {res['repeats']}):")
     for b, r in res["decode_tok_s"].items():
         print(f"  batch {b:<3} dense {r['dense']:8.1f}   moe {r['moe']:8.1f}   moe/dense {r['moe_over_dense']:.2f}x")
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench moe
+def add_parser(sub):
+    """`bench moe`: its options, and run_cli to run it."""
+    p = sub.add_parser("moe", help="mixture of experts: val loss against the dense baselines, expert load, active vs "
+                                   "stored parameters, expert-parallel bytes, dense vs MoE decode at batch 1 and 16")
+    p.add_argument("--quick", action="store_true", help="2 windows, 8 decode steps, 1 repeat: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    res = bench_moe(a.quick)
+    print_report(res)
+    return res

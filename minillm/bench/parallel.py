@@ -209,3 +209,20 @@ def print_report(res: dict):
     for kind in ("tensor", "pipeline"):
         secs = "; ".join(f"{name.split(' (')[0]} {s * 1e6:.2f} us" for name, s in g[kind]["seconds"].items())
         print(f"  {kind:<8} {g[kind]['bytes_per_token_per_rank']:,.0f} bytes per rank: {secs}")
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench parallel
+def add_parser(sub):
+    """`bench parallel`: its options, and run_cli to run it."""
+    p = sub.add_parser("parallel", help="tensor (TP=2) and pipeline (PP=2) parallelism vs one rank: decode tok/s, "
+                                        "bytes per token per collective, loopback bytes, the pipeline bubble")
+    p.add_argument("--model", default="shakespeare")
+    p.add_argument("--quick", action="store_true", help="8 decode steps, 1 repeat, short prompts: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    res = bench_parallel(a.model, a.quick)
+    print_report(res)
+    return res

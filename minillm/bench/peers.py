@@ -333,5 +333,26 @@ def print_table(res: dict):
         print(f"{k}: {v:.2f}x")
 
 
+# ---------------------------------------------------------------------------- python -m minillm bench peers
+def add_parser(sub):
+    """`bench peers`: its options, and run_cli to run it."""
+    p = sub.add_parser("peers", help="minillm beside HF transformers and run.c on the same weights, batch 1 and up")
+    p.add_argument("--model", default="shakespeare", help="registered name, random:<preset> or .bin file")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    p.add_argument("--steps", type=int, default=64, help="new tokens per sequence")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--runc", default=None, help="a run.c binary you built, timed at batch 1 (it has no batching)")
+    p.add_argument("--quick", action="store_true", help="batches 1 and 4, 16 steps, 1 repeat: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    res = bench_peers(a.model, a.tokenizer, parse_batches(a.batches), a.steps, a.repeats, a.runc, a.quick)
+    print_table(res)
+    return res
+
+
 if __name__ == "__main__":
     sys.exit(worker_main(sys.argv[1:]))

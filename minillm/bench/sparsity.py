@@ -121,3 +121,22 @@ def print_report(res: dict):
         print(f"  {label:<12} {sec * 1e6:9.0f} us/layer")
     print(f"  2:4 vs dense numba: {g['speedup_vs_dense_numba']:.2f}x, vs torch F.linear: {g['speedup_vs_torch']:.2f}x "
           f"(max abs error {g['max_abs_error']:.1e})")
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench sparsity
+def add_parser(sub):
+    """`bench sparsity`: its options, and run_cli to run it."""
+    p = sub.add_parser("sparsity", help="magnitude and Wanda pruning: delta perplexity vs sparsity 10-70%% and 2:4; "
+                                        "the 2:4 GEMV against dense at batch 1")
+    p.add_argument("--model", default="shakespeare")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--windows", type=int, default=25, help="held-out windows of 256 tokens (25: all of them)")
+    p.add_argument("--quick", action="store_true", help="2 windows, 50%% and 2:4 only, small GEMV: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    res = bench_sparsity(a.model, a.tokenizer, a.quick, a.windows)
+    print_report(res)
+    return res

