@@ -132,3 +132,45 @@ def test_guards_name_the_bad_value():
         paged_attention_cpu(q, k_pool[:, :, :1].repeat(3, 2), v_pool[:, :, :1].repeat(3, 2), tables, ctx)
     with pytest.raises(ValueError, match="num_splits must be >= 1"):
         flash_decoding_cpu(q, k_pool, v_pool, tables, ctx, 0)
+
+
+# Head dims that are not a multiple of the vector loops' 8 lanes (kernels.vec8): D = 4 is remainder only (no 8-float
+# step), 12 and 20 are steps plus a remainder of 4, 13 an odd one (a Llama's D is even for RoPE; the kernel's is not
+# tied to it). Every case above has D % 8 == 0, so none of them reads the remainder loops of attend_heads.
+ODD_D = [  # contexts on both sides of CHUNK and of the block boundaries, as above
+    ([1, 15, 16, 17, 130, 0], 4, 2, 12, 16),
+    ([2, 63, 64, 65], 3, 3, 4, 8),
+    ([9, 70, 200], 4, 1, 20, 4),
+    ([33, 100], 2, 1, 13, 16),
+]
+
+
+@pytest.mark.parametrize("ctx,H,Hkv,D,BS", ODD_D)
+def test_head_dims_off_the_8_lane_steps_equal_torch(ctx, H, Hkv, D, BS):
+    """Both remainder loops (the score's q . k and the value sum's axpy, the last D % 8 lanes each) against the
+    float64 references, in paged attention and in Flash-Decoding (TOL as above: these are shorter dots)."""
+    q, k_pool, v_pool, tables, ctx = make_pool(ctx, H, Hkv, D, BS, seed=D)
+    want = torch_decode(q, k_pool, v_pool, tables, ctx)
+    out = np.empty_like(q)
+    paged_attention_rows(q, k_pool, v_pool, tables, ctx, out)
+    assert_close(torch.from_numpy(out).double(), want, **TOL, name=f"paged vs plain torch, D={D}")
+    assert_close(torch.from_numpy(out).double(), engine_decode(q, k_pool, v_pool, tables, ctx), **TOL,
+                 name=f"paged vs minillm.llama.attention, D={D}")
+    for S in (1, 3):
+        assert_close(torch.from_numpy(flash_decoding_cpu(q, k_pool, v_pool, tables, ctx, S)).double(), want, **TOL,
+                     name=f"flash-decoding num_splits={S}, D={D}")
+
+
+@pytest.mark.parametrize("ctx,H,Hkv,D,BS", ODD_D[:1] + ODD_D[2:3])
+def test_an_int8_pool_at_head_dims_off_the_8_lane_steps_equals_torch(ctx, H, Hkv, D, BS):
+    """The int8 pool goes through the same remainder loops (each int8 converted to float32, the scale applied to
+    the sum): against the plain torch reference on the dequantized pool, k_q * k_scale."""
+    from minillm.kernels.quant_rows import paged_attention_rows_int8kv
+    q, k_pool, v_pool, tables, ctx = make_pool(ctx, H, Hkv, D, BS, seed=D + 1)
+    rng = np.random.default_rng(D)
+    kq, vq = (rng.integers(-127, 128, k_pool.shape).astype(np.int8) for _ in range(2))     # (NB, BS, Hkv, D) int8
+    ks, vs = (rng.uniform(0.005, 0.02, k_pool.shape[:3]).astype(np.float32) for _ in range(2))  # (NB, BS, Hkv)
+    out = np.empty_like(q)
+    paged_attention_rows_int8kv(q, kq, vq, ks, vs, tables, ctx, out)
+    want = torch_decode(q, kq * ks[..., None], vq * vs[..., None], tables, ctx)
+    assert_close(torch.from_numpy(out).double(), want, **TOL, name=f"int8 pool vs plain torch, D={D}")

@@ -178,3 +178,21 @@ def test_auto_serves_quantized_weights_and_kv_on_numba_with_torchs_tokens(option
     assert auto.engine.backend == "numba"
     want = [o.token_ids for o in LLM("shakespeare", backend="torch", **options).generate(prompts, greedy)]
     assert [o.token_ids for o in auto.generate(prompts, greedy)] == want
+
+
+def test_numba_forward_equals_torch_at_a_head_dim_off_the_8_lane_steps():
+    """dim 48 over 4 heads: head dim 12, so attention's dot products and value sums run one 8-float step of
+    kernels.vec8 plus the 4-float remainder loop (every other model here has D % 8 == 0, and a dropped remainder
+    moves these logits by ~1). Prefill, then decode rows one token at a time, against torch within float32
+    rounding (1e-4, as test_numba_forward_equals_torch)."""
+    model, _ = random_model("tiny", seed=0, dim=48, n_heads=4, n_kv_heads=2)
+    model.init_weights(seed=5, std=0.15)
+    assert model.config.head_dim == 12
+    prompts = [[1, 5, 9, 200, 7, 3, 3, 40], [1, 77], [1, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309]]
+    want = prefill(model, model.config, prompts)
+    assert_close(prefill(NumbaTransformer(model), model.config, prompts), want, atol=1e-4, rtol=1e-4,
+                 name="numba vs torch logits, head dim 12")
+    x = [1, 5, 9, 200, 7, 3, 3, 40, 11, 12, 13]
+    calls = [(x[:6], 0)] + [([x[i]], i) for i in range(6, len(x))]          # a prefill, then 5 decodes
+    for got, ref in zip(run_rows(NumbaTransformer(model), model.config, calls), run_rows(model, model.config, calls)):
+        assert_close(got, ref, atol=1e-4, rtol=1e-4, name="numba vs torch decode logits, head dim 12")

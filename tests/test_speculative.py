@@ -396,3 +396,53 @@ def test_speculation_with_chunked_prefill_equals_plain_greedy(shipped64, greedy_
         assert eng.spec_stats["accepted"] > 0
         assert all(s.num_prefill_tokens + s.num_decode_tokens <= 16 for s in eng.trace.steps)
         check_no_leaks(eng)
+
+
+# ---------------------------------------------------------------- the bonus token (issue 34, item 7)
+def disjoint_rows(k: int) -> torch.Tensor:
+    """p (k + 1, V = 4 (k + 1)): slot i puts [0.1, 0.2, 0.3, 0.4] on tokens 4i .. 4i + 3 and nothing elsewhere,
+    so a token names the slot whose distribution drew it."""
+    p = torch.zeros(k + 1, 4 * (k + 1), dtype=torch.float64)
+    for i in range(k + 1):
+        p[i, 4 * i:4 * i + 4] = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    return p
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("proposer", ["q-is-p", "one-hot"])
+def test_the_bonus_token_is_drawn_from_the_slot_after_the_last_draft(k, proposer):
+    """Every draft accepted (q = p on the drafted slots, so p / q = 1; or a one-hot proposer drafting the token
+    its slot's p is certain of), so every call emits a bonus token, and it must come from p_{k+1} = p[k]. The
+    rows' supports are disjoint, so a bonus drawn from any other slot (p[k - 1], say) lands outside p[k]'s
+    support: that check is exact, no tolerance. The chi-square test (P_FAIL, as above: 4 cells, 4000 draws) checks
+    the bonus follows p[k]'s weights too, not just its support."""
+    p, g, N = disjoint_rows(k), torch.Generator().manual_seed(k), 4000
+    if proposer == "one-hot":
+        p[:k] = 0.0
+        p[torch.arange(k), 4 * torch.arange(k) + 3] = 1.0           # slot i is certain of token 4i + 3
+    q = p[:k].clone() if proposer == "q-is-p" else None
+    bonus = torch.zeros(p.shape[1])
+    for _ in range(N):
+        draft = [int(torch.multinomial(p[i], 1, generator=g)) for i in range(k)]    # x_i ~ q_i = p_i
+        n, tok = verify_sampled(p, q, draft, g)
+        assert n == k                                                 # p / q = 1: never rejected
+        bonus[tok] += 1
+    drawn = bonus.nonzero().flatten().tolist()
+    assert bonus[4 * k:].sum() == N, f"bonus tokens drawn: {drawn}; p[k]'s support is {4 * k} .. {4 * k + 3}"
+    assert chi2_pvalue(bonus[4 * k:], N * p[k, 4 * k:]) > P_FAIL
+
+
+def test_top_k_1_sampling_with_the_target_as_its_own_draft_is_greedy(shipped64, greedy_reference):
+    """temperature 1 with top_k = 1 makes p and q one-hot at their argmax, so speculative SAMPLING is
+    deterministic: the emitted tokens are the target's greedy tokens whatever is drafted. With the target as its
+    own draft every draft is accepted, so every speculative step ends in a bonus token from p_{k+1}; one drawn
+    from p_k instead repeats the last draft. gamma 3 < max_tokens, so the bonus is not cut by max_tokens (float64:
+    the argmax of the verification forward is the plain forward's)."""
+    target, _, tok = shipped64
+    eng = LLMEngine.from_model(target, tok, EngineConfig(
+        dtype="float64", speculative={"method": "draft", "gamma": 3, "model": target}))
+    sp = SamplingParams(temperature=1.0, top_k=1, max_tokens=GREEDY.max_tokens, ignore_eos=True, seed=0)
+    assert run_all(eng, PROMPTS[:2], sp) == greedy_reference
+    stats = eng.spec_stats
+    assert stats["drafted"] > 0 and stats["accepted"] == stats["drafted"]   # every step took its bonus token
+    check_no_leaks(eng)

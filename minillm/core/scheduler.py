@@ -112,7 +112,11 @@ class Scheduler:
         bm = self.block_manager
         while bm.write_cost(seq, start, end) > bm.num_free:
             victim = self.order.victim(self)      # fcfs: the newest running sequence
+            pending, saved = {d: s for s, d in batch.copies}, len(self._swap_out)
             gone = self.preempt(victim)           # [victim], or a whole beam group
+            # a victim swapped out after its row asked for a copy-on-write copy: the copy is dropped below, so the
+            # swap-out reads the copy's source (the block still holding those K/V), not the unfilled copy
+            self._swap_out[saved:] = [(pending.get(d, d), w) for d, w in self._swap_out[saved:]]
             batch.rows = [r for r in batch.rows if r.seq not in gone]
             owned = {b for r in batch.rows for b in r.seq.block_table}
             batch.copies = [(s, d) for s, d in batch.copies if d in owned]   # none into a block just given back
