@@ -2,7 +2,8 @@
 launcher and a CPU twin (@njit).
 
     matmul.py           tiled matmul with shared memory (y = x W^T), and GEMV; matmul_naive.py; the CPU
-                        twin's register-blocked micro-kernels (LLVM vector code)
+                        twin's register-blocked micro-kernels (LLVM vector code) and linear_rows_plain, the
+                        same maths as three plain loops (llama2.c's matmul), their reference
     rmsnorm.py          RMSNorm, and fused residual-add + RMSNorm
     rope.py             rotary embedding in llama2.c's pair layout
     softmax.py          three-pass (block reduction) and online softmax; exp32, the CPU twins' vectorising exp
@@ -10,7 +11,9 @@ launcher and a CPU twin (@njit).
     flash_attention.py  FlashAttention forward (tiles, online softmax, causal); FLAT; naive reference
     paged_attention.py  decode attention through block tables; flash-decoding
     quant_gemv.py       int8 and int4 dequantizing GEMV in DESIGN.md's layouts
-    quant_rows.py       the CPU fast path's quantized matmuls (int8, int4, Q8_0, W8A8) and int8-KV attention
+    quant_rows.py       the CPU fast path's quantized matmuls (int8, int4, Q8_0, W8A8) and int8-KV attention,
+                        one file per weight type (quant_rows_int8, _int4, _q80, _w8a8, _kv_int8; shared: _tiles)
+    block_reduce.py     block_sum / block_max, the shared-memory tree reduction the kernels above call
     sparse24.py         the 2:4 compressed layout (values + 2-bit indices) and its GEMV
     access_trace.py     records which simulated thread touches which element (a tool, no kernel)
 
@@ -22,7 +25,8 @@ a kernel is launched or compiled: call `use_simulator()` first in a notebook or 
 A CUDA kernel is written as a plain function decorated with `@cuda_kernel(signatures...)`. Its body
 uses the name `cuda` as numba's CUDA module does (`cuda.grid`, `cuda.shared.array`); the module's
 global `cuda` is bound to `numba.cuda` when the kernel is first compiled. The signatures are what
-the PTX test compiles for sm_80 and sm_90 without a GPU (tests/test_kernels_ptx.py).
+the PTX test compiles for sm_80 and sm_90 without a GPU (tests/test_kernels_ptx.py). A device function
+that kernels call is decorated with `@cuda_device` and compiled with the first kernel that calls it.
 
 Layer rule (DESIGN.md): this package imports numpy and numba, and torch only to accept tensors.
 """
@@ -89,7 +93,7 @@ class CudaKernel:
         KERNELS[f"{fn.__module__}.{fn.__name__}"] = self
 
     def _bind(self):
-        self.py_func.__globals__["cuda"] = cuda()
+        _bind_globals(self.py_func)
         return cuda()
 
     def compiled(self):
@@ -106,6 +110,40 @@ class CudaKernel:
         return [c.compile_ptx(self.py_func, sig, cc=cc)[0] for sig in self.signatures]
 
 
+class CudaDevice:
+    """A @cuda.jit(device=True) helper that kernels call (kernels/block_reduce.py), compiled when the first
+    kernel that calls it is: `.py_func` is its Python source, `.compiled()` the numba device function.
+    It is inlined into each caller at numba's IR level (inline="always", as nvcc inlines a small __device__
+    function): besides costing no call, that lets compile_ptx build a kernel that calls it with no GPU present
+    (a separately compiled device function asks the driver for the current device's compute capability)."""
+
+    def __init__(self, fn):
+        self.py_func, self._compiled = fn, None
+        self.__name__, self.__doc__ = fn.__name__, fn.__doc__
+
+    def compiled(self):
+        if self._compiled is None:
+            _bind_globals(self.py_func)
+            self._compiled = cuda().jit(device=True, inline="always")(self.py_func)
+        return self._compiled
+
+
+def cuda_device(fn):
+    """Decorator: a CUDA device function, compiled lazily (like cuda_kernel, it imports no numba.cuda)."""
+    return CudaDevice(fn)
+
+
+def _bind_globals(fn) -> None:
+    """Before fn is compiled: its module's `cuda` becomes numba.cuda, and each device helper fn calls by a
+    global name becomes the compiled device function (numba can only call those). Only names fn's own code
+    reads are looked at: compiling a kernel compiles the helpers it calls, and no others."""
+    g = fn.__globals__
+    g["cuda"] = cuda()
+    for name in fn.__code__.co_names:
+        if isinstance(g.get(name), CudaDevice):
+            g[name] = g[name].compiled()
+
+
 def cuda_kernel(*signatures: str):
     """Decorator: a CUDA kernel, compiled lazily; `signatures` (numba type strings) for the PTX test."""
     if not signatures:
@@ -113,9 +151,15 @@ def cuda_kernel(*signatures: str):
     return lambda fn: CudaKernel(fn, signatures)
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for integers a >= 0, b > 0, exactly (no float): the number of size-b pieces that cover a
+    items. Host code only; device code writes (a + b - 1) // b itself."""
+    return -(-a // b)
+
+
 def blocks(n: int, per_block: int) -> int:
     """How many blocks of `per_block` cover n items: computed from the problem size, never from gridDim."""
-    return max(1, -(-n // per_block))
+    return max(1, cdiv(n, per_block))
 
 
 # ----------------------------------------------------------------------------- arrays in, arrays out

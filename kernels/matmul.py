@@ -17,6 +17,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import blocks, check_array, cuda_kernel, empty_like, to_device
+from .block_reduce import block_sum
 
 cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
 
@@ -54,7 +55,7 @@ def matmul_tiled(x, w, y):
 def gemv(w, x, y):
     """y (N,) = w (N, K) @ x (K,). One block of GEMV_THREADS threads per output row: thread i sums
     k = i, i + 32, ... (neighbouring threads read neighbouring k: coalesced), then a tree reduction in
-    shared memory adds the 32 partial sums."""
+    shared memory adds the 32 partial sums (block_reduce.block_sum)."""
     part = cuda.shared.array(GEMV_THREADS, float32)
     n, i = cuda.blockIdx.x, cuda.threadIdx.x
     K = w.shape[1]
@@ -62,16 +63,9 @@ def gemv(w, x, y):
     if n < w.shape[0]:
         for k in range(i, K, GEMV_THREADS):
             acc += w[n, k] * x[k]
-    part[i] = acc
-    cuda.syncthreads()
-    step = GEMV_THREADS // 2
-    while step > 0:                                       # 32 -> 16 -> ... -> 1 partial sums
-        if i < step:
-            part[i] += part[i + step]
-        cuda.syncthreads()
-        step //= 2
+    total = block_sum(part, acc, i, GEMV_THREADS)         # 32 -> 16 -> ... -> 1 partial sums
     if i == 0 and n < w.shape[0]:
-        y[n] = part[0]
+        y[n] = total
 
 
 def matmul_cuda(x, w):
@@ -96,6 +90,25 @@ def gemv_cuda(w, x):
 
 
 # ----------------------------------------------------------------------------- CPU twins
+
+@njit(cache=True)
+def linear_rows_plain(x, w):
+    """y (M, N) = x (M, K) @ w (N, K)^T as three plain loops: llama2.c's matmul (`for i in range(d): val = 0;
+    for j in range(n): val += w[i*n + j] * x[j]; xout[i] = val`) for each row of x. The maths of every matmul
+    in this file, without the speed: linear_cpu below computes the same dot products with register tiles
+    written as LLVM vector code, in another summation order, and is tested against this loop
+    (tests/test_kernels_matmul.py). No fastmath, so k runs in order, one rounding per multiply and per add."""
+    M, K = x.shape
+    N = w.shape[0]
+    y = np.empty((M, N), np.float32)                      # (M, N)
+    for m in range(M):
+        for n in range(N):
+            val = np.float32(0.0)
+            for k in range(K):
+                val += x[m, k] * w[n, k]
+            y[m, n] = val
+    return y
+
 
 LANES = 8    # CPU twin: floats per vector register (AVX2; an AVX-512 machine runs the same 8-wide code)
 NR = 8       # CPU twin: output columns per tile, the unit split across threads

@@ -23,7 +23,8 @@ import math
 import numpy as np
 from numba import float32, int64, njit, prange
 
-from . import check_array, cuda_kernel, empty_like, to_device
+from . import cdiv, check_array, cuda_kernel, empty_like, to_device
+from .block_reduce import block_max, block_sum
 from .softmax import exp32
 from .vec8 import axpy8, dot8
 
@@ -78,28 +79,11 @@ def paged_attention_split(q, k_pool, v_pool, block_tables, context_lens, part_ou
             for d in range(D):
                 dot += qs[d] * k_pool[blk, off, hk, d]
             s = dot * scale
-        red[t] = s
-        cuda.syncthreads()
-        step = THREADS // 2
-        while step > 0:                               # max: 64 -> 32 -> ... -> 1
-            if t < step:
-                red[t] = max(red[t], red[t + step])
-            cuda.syncthreads()
-            step //= 2
-        m_new = max(m, red[0])                        # finite: the chunk has a position
-        cuda.syncthreads()                            # all have read red[0] before it is reused
+        m_new = max(m, block_max(red, s, t, THREADS))  # max: 64 -> 32 -> ... -> 1; finite: the chunk has a position
         e = math.exp(s - m_new) if j < n else float32(0.0)
-        ps[t] = e
-        red[t] = e
-        cuda.syncthreads()
-        step = THREADS // 2
-        while step > 0:                               # sum, same tree
-            if t < step:
-                red[t] += red[t + step]
-            cuda.syncthreads()
-            step //= 2
+        ps[t] = e                                     # read by every thread below: block_sum's syncs order it
         alpha = math.exp(m - m_new)                   # 0 at the first chunk (m = -inf)
-        lsum = lsum * alpha + red[0]
+        lsum = lsum * alpha + block_sum(red, e, t, THREADS)   # sum, same tree
         m = m_new
         for a in range(NACC):
             d = t + a * THREADS
@@ -162,7 +146,7 @@ def check_paged(q, k_pool, v_pool, block_tables, context_lens, num_splits: int =
     for r in range(R):
         if not 0 <= ctx[r] <= M * BS:
             raise ValueError(f"context_lens[{r}] = {ctx[r]} is outside [0, M * block_size] = [0, {M * BS}]")
-        used = table[r, :(ctx[r] + BS - 1) // BS]                            # the entries row r reads
+        used = table[r, :cdiv(int(ctx[r]), BS)]                             # (blocks read,) the entries row r reads
         bad = np.flatnonzero((used < 0) | (used >= NB))
         if bad.size:
             raise ValueError(f"row {r} reads block_tables[{r}, {bad[0]}] = {used[bad[0]]}, outside [0, NB) = [0, {NB})")

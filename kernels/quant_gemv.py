@@ -18,6 +18,7 @@ import numpy as np
 from numba import float32, int32, njit, prange
 
 from . import check_array, cuda_kernel, empty_like, to_device
+from .block_reduce import block_sum
 
 cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
 
@@ -82,16 +83,9 @@ def int8_gemv(x, w_q, scales, y):
     acc = float32(0.0)
     for k in range(i, K, GEMV_THREADS):
         acc += float32(w_q[n, k]) * x[m, k]
-    part[i] = acc
-    cuda.syncthreads()
-    step = GEMV_THREADS // 2
-    while step > 0:
-        if i < step:
-            part[i] += part[i + step]
-        cuda.syncthreads()
-        step //= 2
+    total = block_sum(part, acc, i, GEMV_THREADS)
     if i == 0:
-        y[m, n] = scales[n] * part[0]
+        y[m, n] = scales[n] * total
 
 
 @cuda_kernel("void(float32[:, ::1], uint8[:, ::1], float32[:, ::1], float32[:, ::1])")
@@ -110,16 +104,9 @@ def int4_gemv(x, w_packed, scales, y):
             byte = int32(w_packed[n, j])
             s += float32((byte & 15) - 8) * x[m, 2 * j] + float32((byte >> 4) - 8) * x[m, 2 * j + 1]
         acc += scales[n, g] * s
-    part[i] = acc
-    cuda.syncthreads()
-    step = GEMV_THREADS // 2
-    while step > 0:
-        if i < step:
-            part[i] += part[i + step]
-        cuda.syncthreads()
-        step //= 2
+    total = block_sum(part, acc, i, GEMV_THREADS)
     if i == 0:
-        y[m, n] = part[0]
+        y[m, n] = total
 
 
 def _rows(x):

@@ -20,6 +20,7 @@ import numpy as np
 from numba import float32, njit, prange
 
 from . import blocks, check_array, cuda_kernel, empty_like, to_device
+from .block_reduce import block_sum
 
 cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
 
@@ -45,15 +46,8 @@ def rmsnorm_kernel(x, weight, eps, out):
     ss = float32(0.0)
     for k in range(i, C, nt):
         ss += x[m, k] * x[m, k]
-    part[i] = ss
-    cuda.syncthreads()
-    step = nt // 2
-    while step > 0:                                      # nt -> nt/2 -> ... -> 1 partial sums
-        if i < step:
-            part[i] += part[i + step]
-        cuda.syncthreads()                               # every thread, every round: no divergent sync
-        step //= 2
-    scale = float32(1.0) / math.sqrt(part[0] / float32(C) + eps)
+    ss = block_sum(part, ss, i, nt)                      # nt -> nt/2 -> ... -> 1 partial sums
+    scale = float32(1.0) / math.sqrt(ss / float32(C) + eps)
     for k in range(i, C, nt):
         out[m, k] = x[m, k] * scale * weight[k]
 
@@ -70,15 +64,8 @@ def add_rmsnorm_kernel(x, residual, weight, eps, out):
         r = residual[m, k] + x[m, k]
         residual[m, k] = r                               # the new residual stream, written once
         ss += r * r
-    part[i] = ss
-    cuda.syncthreads()
-    step = nt // 2
-    while step > 0:
-        if i < step:
-            part[i] += part[i + step]
-        cuda.syncthreads()
-        step //= 2
-    scale = float32(1.0) / math.sqrt(part[0] / float32(C) + eps)
+    ss = block_sum(part, ss, i, nt)
+    scale = float32(1.0) / math.sqrt(ss / float32(C) + eps)
     for k in range(i, C, nt):                            # this thread's own writes above: no sync needed
         out[m, k] = residual[m, k] * scale * weight[k]
 

@@ -21,6 +21,7 @@ from numba import float32, njit, prange, types
 from numba.extending import intrinsic
 
 from . import check_array, cuda_kernel, empty_like, to_device
+from .block_reduce import block_max, block_sum
 
 cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
 
@@ -40,28 +41,11 @@ def softmax_kernel(x, out):
     mx = float32(-math.inf)
     for k in range(i, N, nt):                            # pass 1: this thread's max
         mx = max(mx, x[m, k])
-    red[i] = mx
-    cuda.syncthreads()
-    step = nt // 2
-    while step > 0:                                      # tree max: nt -> 1
-        if i < step:
-            red[i] = max(red[i], red[i + step])
-        cuda.syncthreads()
-        step //= 2
-    mx = red[0]
-    cuda.syncthreads()                                   # all have read red[0] before it is reused
+    mx = block_max(red, mx, i, nt)                       # tree max: nt -> 1
     d = float32(0.0)
     for k in range(i, N, nt):                            # pass 2: this thread's sum of exp
         d += math.exp(x[m, k] - mx)
-    red[i] = d
-    cuda.syncthreads()
-    step = nt // 2
-    while step > 0:                                      # tree sum: nt -> 1
-        if i < step:
-            red[i] += red[i + step]
-        cuda.syncthreads()
-        step //= 2
-    d = red[0]
+    d = block_sum(red, d, i, nt)                         # tree sum: nt -> 1
     for k in range(i, N, nt):                            # pass 3: normalize
         out[m, k] = math.exp(x[m, k] - mx) / d
 
@@ -84,7 +68,7 @@ def online_softmax_kernel(x, out):
             d += math.exp(v - mx)
     ms[i], ds[i] = mx, d
     cuda.syncthreads()
-    step = nt // 2
+    step = nt // 2                                       # block_reduce's tree, on pairs: (m, d) is not one float
     while step > 0:                                      # merge pairs: (m1, d1) + (m2, d2)
         if i < step:
             m1, d1, m2, d2 = ms[i], ds[i], ms[i + step], ds[i + step]

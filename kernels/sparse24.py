@@ -18,6 +18,7 @@ import numpy as np
 from numba import float32, int32, njit, prange
 
 from . import check_array, cuda_kernel, empty_like, to_device
+from .block_reduce import block_sum
 
 cuda = None   # numba.cuda, bound when a kernel is first compiled (see minillm.kernels)
 
@@ -89,16 +90,9 @@ def sparse24_gemv(x, values, meta, y):
         acc += values[n, v] * x[m, base + (byte & 3)] + values[n, v + 1] * x[m, base + ((byte >> 2) & 3)]
         acc += values[n, v + 2] * x[m, base + 4 + ((byte >> 4) & 3)]
         acc += values[n, v + 3] * x[m, base + 4 + ((byte >> 6) & 3)]
-    part[i] = acc
-    cuda.syncthreads()
-    step = GEMV_THREADS // 2
-    while step > 0:
-        if i < step:
-            part[i] += part[i + step]
-        cuda.syncthreads()
-        step //= 2
+    total = block_sum(part, acc, i, GEMV_THREADS)
     if i == 0:
-        y[m, n] = part[0]
+        y[m, n] = total
 
 
 def sparse24_gemv_cuda(x, values, meta):

@@ -11,6 +11,9 @@ converted to float32 in the vector registers (sitofp), so dequantizing costs no 
                                          tree ((0+1)+(2+3))+((4+5)+(6+7))
     axpy8(w, b, j, acc, i, steps)        acc.flat[i + k] = fma(w, b.flat[j + k], acc.flat[i + k]), k < 8 * steps
 
+dot_plain and axpy_plain, at the end, are the same two loops written plainly, one element at a time, k in
+order: read them first; the tests compare the vector code with them.
+
 They take whole C-contiguous arrays and flat offsets, not row views: numba counts references to a view's
 parent atomically, and views made per position and head in a prange had both threads fighting over one
 counter's cache line. Both are one fixed order (no reassociation), so a result never depends on what else
@@ -18,8 +21,9 @@ runs. No bounds checks: the caller keeps the offsets in range.
 """
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic
 
 LANES = 8
@@ -112,3 +116,26 @@ def axpy8(typingctx, w, b, j, acc, i, steps):
         close([])
         return context.get_dummy_value()
     return types.void(w, b, types.intp, acc, types.intp, types.intp), codegen
+
+
+# ----------------------------------------------------------------------------- the same loops, plainly
+
+@njit(cache=True)
+def dot_plain(a, i, b, j, steps):
+    """What dot8(a, i, b, j, steps) computes, as a plain loop: sum over k < 8 * steps of a.flat[i + k] b.flat[j + k],
+    k in order (one chain, where dot8 keeps 8 lane sums and adds them in a tree), b converted to float32."""
+    af, bf = a.reshape(a.size), b.reshape(b.size)       # flat views of the C-contiguous arrays
+    acc = np.float32(0.0)
+    for k in range(LANES * steps):
+        acc += af[i + k] * np.float32(bf[j + k])
+    return acc
+
+
+@njit(cache=True)
+def axpy_plain(w, b, j, acc, i, steps):
+    """What axpy8(w, b, j, acc, i, steps) computes, as a plain loop: acc.flat[i + k] += w b.flat[j + k] for
+    k < 8 * steps, in float32 (a multiply, then an add: two roundings where axpy8's fma has one)."""
+    bf, af = b.reshape(b.size), acc.reshape(acc.size)   # flat views; af writes through to acc
+    wf = np.float32(w)
+    for k in range(LANES * steps):
+        af[i + k] = af[i + k] + wf * np.float32(bf[j + k])

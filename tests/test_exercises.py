@@ -108,7 +108,8 @@ def test_strip_keeps_indentation_and_rejects_unbalanced():
 
 def test_every_lesson_has_a_core_exercise_and_opens_the_engine():
     """Notebooks 01-09: at least one core exercise (plugged into the engine), and a "read the engine's
-    code" cell whose stored listing shows 20-60 of the engine's lines (00, the tour, shows one step)."""
+    code" cell whose stored listing shows 20-60 of the engine's lines (00, the tour, shows one step); a shorter
+    listing beside it (10 lines at least: 03's plain-loop twin of the tiled matmul) may read the idea first."""
     header = re.compile(r"^(\S+):(\d+)-(\d+)  \S+ \((\d+) lines")
     for path in NOTEBOOKS:
         name = os.path.basename(path)
@@ -120,8 +121,9 @@ def test_every_lesson_has_a_core_exercise_and_opens_the_engine():
         assert listings, f"{name}: no show_source cell with a stored listing (run the notebook)"
         for m in listings:
             assert os.path.exists(os.path.join(NB_DIR, "..", m.group(1))), f"{name}: listing of {m.group(1)}"
-            low = 10 if name.startswith("00_") else 20
-            assert low <= int(m.group(4)) <= 60, f"{name}: listing of {m.group(1)} has {m.group(4)} lines"
+            assert 10 <= int(m.group(4)) <= 60, f"{name}: listing of {m.group(1)} has {m.group(4)} lines"
+        low = 10 if name.startswith("00_") else 20
+        assert any(int(m.group(4)) >= low for m in listings), f"{name}: no listing of {low} lines or more"
         if not name.startswith("00_"):
             assert any(CHECKERS[c].kind == "core" for c in checks), f"{name} has no core exercise"
 

@@ -1,9 +1,15 @@
-"""CPU twins of the matmul family at real shapes against torch, and their batch independence."""
+"""CPU twins of the matmul family at real shapes against torch and against their plain-loop twins (the IR
+micro-kernels against linear_rows_plain, vec8's dot8 / axpy8 against dot_plain / axpy_plain), and their batch
+independence."""
 import numpy as np
 import pytest
 import torch
 from close import assert_close
-from minillm.kernels.matmul import gemv_cpu, linear_cpu, matmul_cpu
+from minillm.kernels.matmul import LANES, gemv_cpu, linear_cpu, linear_rows_plain, matmul_cpu
+from minillm.kernels.vec8 import axpy8, axpy_plain, dot8, dot_plain
+from numba import njit
+
+U = 2.0 ** -24          # float32's unit roundoff
 
 
 @pytest.mark.parametrize("M,K,N", [(1, 288, 768), (7, 768, 288), (33, 256, 4096), (3, 5, 1), (5, 1100, 37)])
@@ -15,6 +21,80 @@ def test_matmul_cpu_equals_torch(M, K, N):
     # five single columns)
     assert_close(torch.from_numpy(matmul_cpu(x.numpy(), w.numpy())), x @ w.T, atol=2e-4, rtol=1e-4, name="matmul_cpu")
     assert_close(torch.from_numpy(gemv_cpu(w.numpy(), x[0].numpy())), w @ x[0], atol=1e-4, rtol=1e-4, name="gemv_cpu")
+
+
+def float32_order_bound(x, w, K):
+    """How far two float32 evaluations of the same dot products in two summation orders may differ, elementwise.
+    Higham ("Accuracy and Stability of Numerical Algorithms", 2002, eq. 3.5): a float32 dot product whose every
+    term passes through at most n roundings is within gamma_n sum_k |x_k w_k| of the exact one, whatever the order,
+    with gamma_n = n u / (1 - n u) <= (n + 1) u (for n u < 1 / (n + 1), all K here). The plain loop: term k's
+    product is rounded, then every add after it, n = K. linear_cpu: a lane's fma chain (one rounding per step,
+    K // 8 steps), the 3 adds of the lane tree, then one add per tail input (K % 8): n = K // 8 + 3 + K % 8. Two
+    results each within their bound of the exact one differ by at most the sum. A bound for any order is the
+    honest tolerance between two orders (the float32 rounding is all that differs); a dropped or doubled term
+    (~|x_k w_k| ~ 1) lies far outside it at every K tested here, where K u sum |x w| < 0.1."""
+    terms = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T          # (M, N) sum_k |x_k w_k|
+    n_plain, n_tiled = K, K // LANES + 3 + K % LANES
+    return (n_plain + 1 + n_tiled + 1) * U * terms
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 288, 768), (7, 768, 288), (33, 256, 64), (3, 5, 1), (5, 1100, 37), (9, 13, 17)])
+def test_the_ir_micro_kernels_equal_their_plain_twin(M, K, N):
+    """linear_cpu (4 x 1 / 2 x 1 / 1 x 1 and 2 x 4 / 1 x 4 register tiles in LLVM IR) against linear_rows_plain, the
+    llama2.c loop, within float32_order_bound; and the plain twin itself against torch in float64, within its
+    own part of that bound (gamma_K)."""
+    rng = np.random.default_rng(M * 7 + K + N)
+    x, w = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((N, K), dtype=np.float32)
+    plain = linear_rows_plain(x, w)                                                 # (M, N)
+    tiled = matmul_cpu(x, w)                                                        # (M, N)
+    diff, bound = np.abs(tiled.astype(np.float64) - plain), float32_order_bound(x, w, K)
+    worst = diff.argmax()
+    assert (diff <= bound).all(), f"|linear_cpu - plain| {diff.flat[worst]:.3g} > its bound {bound.flat[worst]:.3g}"
+    exact = (torch.from_numpy(x).double() @ torch.from_numpy(w).double().T).numpy()  # (M, N)
+    terms = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T          # (M, N)
+    assert (np.abs(plain - exact) <= (K + 1) * U * terms).all()
+    assert_close(torch.from_numpy(plain), torch.from_numpy(exact).float(), atol=2e-4, rtol=1e-4, name="plain")
+
+
+@njit
+def _dot8(a, i, b, j, steps):
+    return dot8(a, i, b, j, steps)
+
+
+@njit
+def _axpy8(w, b, j, acc, i, steps):
+    axpy8(w, b, j, acc, i, steps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+@pytest.mark.parametrize("steps", [0, 1, 6, 13])
+def test_vec8_loops_equal_their_plain_twins(dtype, steps):
+    """dot8 against dot_plain: 8 lane chains of `steps` fmas and a 3-add tree vs one chain of 8 * steps terms, so
+    within gamma_{8 steps} + gamma_{steps + 3} <= (9 steps + 5) u sum |a b| (as float32_order_bound). axpy8 against
+    axpy_plain: one fma vs a multiply then an add, fl(c + w b) vs fl(c + fl(w b)), which differ by at most
+    2 u |c + w b| + u |w b| <= 2 u |c| + 3 u |w b| per element; and neither touches acc past 8 * steps."""
+    rng = np.random.default_rng(steps)
+    n = 8 * steps + 11                                                              # offsets and a ragged end
+    a = rng.standard_normal((2, n)).astype(np.float32)                             # (2, n)
+    b = (rng.integers(-127, 128, (2, n)) if dtype == np.int8 else rng.standard_normal((2, n))).astype(dtype)
+    i, j = n + 2, 3                                               # a: row 1 from its 3rd element; b: row 0 from its 4th
+    prods = np.abs(a.ravel()[i:i + 8 * steps].astype(np.float64) * b.ravel()[j:j + 8 * steps])
+    got, want = _dot8(a, i, b, j, steps), dot_plain(a, i, b, j, steps)
+    assert abs(float(got) - float(want)) <= (9 * steps + 5) * U * prods.sum()
+    if steps == 0:
+        assert got == want == 0.0
+    w = np.float32(0.37)
+    acc_ir, acc_plain = a.copy(), a.copy()                                          # (2, n) each
+    _axpy8(w, b, j, acc_ir, i, steps)
+    axpy_plain(w, b, j, acc_plain, i, steps)
+    seg = slice(i, i + 8 * steps)
+    wb = np.abs(float(w) * b.ravel()[j:j + 8 * steps].astype(np.float64))
+    c = np.abs(a.ravel()[seg].astype(np.float64))
+    assert (np.abs(acc_ir.ravel()[seg].astype(np.float64) - acc_plain.ravel()[seg]) <= U * (2 * c + 3 * wb)).all()
+    outside = np.ones(a.size, bool)
+    outside[seg] = False
+    assert np.array_equal(acc_ir.ravel()[outside], a.ravel()[outside])
+    assert np.array_equal(acc_plain.ravel()[outside], a.ravel()[outside])
 
 
 @pytest.mark.parametrize("K", [288, 1100, 5])   # whole 8-lane steps; a K % 8 tail; only the tail

@@ -11,7 +11,8 @@ import minillm.kernels as K
 import pytest
 
 TOOLS = {"access_trace"}   # modules of kernels/ that look at kernels (in the simulator) and define none
-CPU_ONLY = {"quant_rows", "vec8"}  # the numba backend's CPU matmuls (CUDA twins: quant_gemv) and vector loops
+CPU_ONLY = {"quant_rows", "quant_rows_tiles", "quant_rows_int8", "quant_rows_int4", "quant_rows_q80", "quant_rows_w8a8",
+            "quant_rows_kv_int8", "vec8"}  # the numba backend's CPU matmuls (CUDA twins: quant_gemv), vector loops
 FAMILIES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(os.path.dirname(K.__file__), "*.py"))
                   if not os.path.basename(p).startswith("_") and os.path.basename(p)[:-3] not in TOOLS | CPU_ONLY)
 for f in FAMILIES:

@@ -17,6 +17,7 @@ from minillm.kernels.quant_rows import (
     q8_0_quantize_cpu,
     w8a8_linear_cpu,
 )
+from minillm.kernels.quant_rows_int4 import _unpack_int4, unpack_int4_plain
 
 from minillm.config import ModelConfig
 from minillm.llama.attention import AttentionMetadata, paged_attention
@@ -94,6 +95,24 @@ def test_w8a8_equals_w8a8linear_bit_for_bit(M, N, K, smoothed):
     x = rows(M, K, seed=M)
     got = w8a8_linear_cpu(x.numpy(), ref.w_q.numpy(), ref.w_scale.numpy(), None if smooth is None else smooth.numpy())
     assert np.array_equal(got, ref(x).numpy())
+
+
+@pytest.mark.parametrize("G", [32, 16, 64, 6])   # per group: one 16-byte vector unpack, one 8-byte, two 16-byte, plain
+def test_int4_unpack_vector_code_equals_its_plain_twin_bit_for_bit(G):
+    """_unpack_int4's LLVM vector unpack (one fma: nibble * s + (-8 s), exact -8 s, so one rounding) against
+    unpack_int4_plain ((nibble - 8) * s, one rounding of the same exact product): equal bit for bit; and the plain
+    twin against numpy's own float32 arithmetic on the layout."""
+    rng = np.random.default_rng(G)
+    K = 4 * G if G > 6 else 36
+    src = rng.integers(0, 256, K // 2, dtype=np.uint8)                                   # (K/2,) one packed row
+    sr = (rng.standard_normal(K // G) * 0.1).astype(np.float32)                          # (K/G,) group scales
+    ir_out, plain_out = np.full(K, np.nan, np.float32), np.full(K, np.nan, np.float32)   # (K,) [low | high]
+    _unpack_int4(src, sr, K // 2 // sr.shape[0], ir_out)
+    unpack_int4_plain(src, sr, plain_out)
+    assert np.array_equal(ir_out, plain_out)
+    s = np.repeat(sr, G // 2)                                                            # (K/2,) each byte's scale
+    lo, hi = (src & 15).astype(np.float32) - 8, (src >> 4).astype(np.float32) - 8
+    assert np.array_equal(plain_out, np.concatenate([lo * s, hi * s]))
 
 
 def test_vector_in_vector_out_and_torch_tensors_accepted():
