@@ -31,6 +31,7 @@ import torch
 from ..core.request import Request
 from ..core.sampling import SamplingParams
 from ..core.sequence import RequestMetrics, Sequence, Status
+from ..kernels import cdiv
 from ..llama.kv_cache import KVCache
 
 
@@ -105,7 +106,7 @@ def export_sequence(engine, seq: Sequence) -> KVHandover:
     """Take a running sequence (prompt computed, first token sampled) out of `engine`: its computed blocks' K/V,
     every layer, copied out; its blocks freed; its request dropped from the engine's bookkeeping."""
     bs, n = engine.kv.block_size, seq.num_computed
-    blocks = seq.block_table[:-(-n // bs)]
+    blocks = seq.block_table[:cdiv(n, bs)]
     t0 = time.perf_counter()
     index = torch.tensor(blocks, dtype=torch.long)
     kv = [t.index_select(1, index.to(t.device)) for t in engine.kv.tensors()]   # (L, n_blocks, block_size, ...)

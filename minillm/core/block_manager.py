@@ -31,6 +31,7 @@ from array import array
 from collections import OrderedDict, deque
 from typing import Optional
 
+from ..kernels import cdiv
 from .sequence import Sequence
 
 
@@ -113,9 +114,13 @@ class BlockManager:
         self.num_shared -= self.ref_count[b] == 1
         return self.ref_count[b] == 0
 
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold num_tokens tokens (the one place it is computed; block_size is this object's)."""
+        return cdiv(num_tokens, self.block_size)
+
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Extra blocks seq needs so that num_tokens tokens fit (ignoring prefix-cache hits)."""
-        return max(0, -(-(num_tokens - seq.evicted) // self.block_size) - len(seq.block_table))
+        return max(0, self.blocks_for(num_tokens - seq.evicted) - len(seq.block_table))
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(seq, num_tokens) <= self.num_free
@@ -155,7 +160,7 @@ class BlockManager:
         """Fresh blocks that writing positions start..end-1 takes: growth plus copies of shared blocks."""
         bs, table = self.block_size, seq.block_table
         start, end = start - seq.evicted, end - seq.evicted     # kv_eviction: cache positions
-        cow = sum(1 for i in range(start // bs, min(len(table), -(-end // bs))) if self.ref_count[table[i]] > 1)
+        cow = sum(1 for i in range(start // bs, min(len(table), cdiv(end, bs))) if self.ref_count[table[i]] > 1)
         return self.blocks_needed(seq, end) + cow
 
     def prepare_write(self, seq: Sequence, start: int, end: int) -> list[tuple[int, int]]:
@@ -164,7 +169,7 @@ class BlockManager:
         copies, bs = [], self.block_size
         self.allocate(seq, end)
         start, end = start - seq.evicted, end - seq.evicted     # kv_eviction: cache positions
-        for i in range(start // bs, -(-end // bs)):
+        for i in range(start // bs, cdiv(end, bs)):
             b = seq.block_table[i]
             if self.ref_count[b] > 1:
                 new = self._take_block()
@@ -219,7 +224,7 @@ class BlockManager:
     def truncate(self, seq: Sequence, num_tokens: int):
         """Rollback (speculative decoding): keep only the blocks positions < num_tokens need; the blocks
         that held rejected draft tokens go back to the pool. The caller sets seq.num_computed."""
-        keep = -(-(num_tokens - seq.evicted) // self.block_size)
+        keep = self.blocks_for(num_tokens - seq.evicted)
         for b in reversed(seq.block_table[keep:]):
             if self._unref(b):
                 self.free.append(b)     # a block past the computed tokens was never hashed

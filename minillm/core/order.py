@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..kernels import cdiv
 from .sequence import Sequence
 
 
@@ -64,7 +65,7 @@ class Order:
         bm, seats = sched.block_manager, sched.config.max_num_seqs
         free_seats, free_blocks = seats - len(sched.running), bm.num_free
         for seq in self.admissible(sched):
-            need = -(-(len(seq) + 1) // bm.block_size) - len(seq.block_table)     # its prompt plus one token
+            need = cdiv(len(seq) + 1, bm.block_size) - len(seq.block_table)       # its prompt plus one token
             if free_seats < 1 or need > free_blocks:
                 lower = sorted((s for s in sched.running if self.key(s) > self.key(seq)), key=self.key, reverse=True)
                 k = next((k for k in range(1, len(lower) + 1) if free_seats + k >= 1 and

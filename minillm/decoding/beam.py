@@ -50,6 +50,7 @@ from ..core.hooks import VerdictStep
 from ..core.outputs import CompletionOutput, RequestOutput
 from ..core.sampling import SamplingParams
 from ..core.sequence import RequestMetrics, Sequence, Status
+from ..kernels import cdiv
 
 
 # ---------------------------------------------------------------------------- what LLM.beam_search returns
@@ -132,7 +133,7 @@ class BeamOptions:
         if 2 * W > vocab_size:
             raise ValueError(f"beam_search: beam_width={W} ranks 2 * beam_width candidates per step, more than the "
                              f"vocabulary's {vocab_size} tokens")
-        per_beam = -(-min(prompt_len + self.max_tokens, max_model_len) // block_size)
+        per_beam = cdiv(min(prompt_len + self.max_tokens, max_model_len), block_size)
         if W * per_beam > num_blocks:
             raise ValueError(f"beam_search: beam_width={W} beams of up to {per_beam} KV blocks each ({prompt_len} "
                              f"prompt tokens + max_tokens={self.max_tokens}, block_size={block_size}) need "

@@ -39,6 +39,7 @@ from ..core.verify import verify
 from ..decoding.beam import BeamGroup, BeamOptions, BeamStep
 from ..guided import JumpForward
 from ..guided import attach as attach_guide
+from ..kernels import cdiv
 from ..threads import auto_threads
 from .parts import Parts, prepare
 
@@ -120,7 +121,7 @@ class LLMEngine:
         options = BeamOptions.check(beam_width, max_tokens, length_penalty, ignore_eos, self.config.speculative)
         request = self.make_request(prompt, options.params(), request_id, arrival_time)
         options.check_fits(len(request.prompt_ids), num_blocks=self.block_manager.num_blocks,
-                           block_size=self.config.block_size, max_model_len=self.config.max_model_len,
+                           block_size=self.block_manager.block_size, max_model_len=self.config.max_model_len,
                            max_num_seqs=self.config.max_num_seqs, vocab_size=self.model.config.vocab_size,
                            budget=self.scheduler.budget)
         request.beam = BeamGroup(request, options, self.scheduler.stops, self._seq_ids)
@@ -148,8 +149,8 @@ class LLMEngine:
             raise ValueError("speculative method 'medusa' verifies its candidate tree greedily: "
                              f"it needs temperature=0, got temperature={params.temperature} "
                              "(use method 'draft' or 'ngram' to sample)")
-        bs = self.config.block_size
-        need = -(-min(prompt_len + params.max_tokens, self.config.max_model_len) // bs)
+        bs = self.block_manager.block_size
+        need = cdiv(min(prompt_len + params.max_tokens, self.config.max_model_len), bs)   # blocks, worst case
         if need > self.block_manager.num_blocks:
             raise ValueError(f"request needs up to {need} KV blocks ({prompt_len} prompt tokens + max_tokens="
                              f"{params.max_tokens}, block_size={bs}) but the whole pool has "

@@ -24,6 +24,7 @@ from ..core.hooks import NoAdapters, NoEviction
 from ..core.policies import SchedulingPolicy
 from ..core.proposer import Proposer
 from ..core.verify import verify_sampled
+from ..kernels import cdiv
 from ..llama.kv_cache import KVCache, SwapSpace
 from ..scheduling import make_policy
 
@@ -179,7 +180,7 @@ def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Prop
         draft = (draft.to(dtype) if next(draft.parameters()).dtype != dtype else draft).eval()
         draft.ensure_rope(config.max_model_len)
         # the draft's pool holds every running token plus each sequence's drafts (its bytes are small)
-        blocks = kv.num_blocks + config.max_num_seqs * (-(-spec.gamma // config.block_size) + 1)
+        blocks = kv.num_blocks + config.max_num_seqs * (cdiv(spec.gamma, config.block_size) + 1)
         kv_dtype = kv.k.dtype if not kv.quantized else torch.float32
         draft_backend = spec.draft_backend
         if draft_backend == "auto":    # the draft is a plain float model: numba runs it when it is float32

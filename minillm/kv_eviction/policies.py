@@ -31,6 +31,7 @@ import torch
 
 from ..config import KV_EVICTION_METHODS, check_kv_eviction  # noqa: F401  (the option's checks live with it)
 from ..core.hooks import NoEviction
+from ..kernels import cdiv
 
 CHUNK = 64          # tokens per row of an evicting sequence (prefill in chunks, evicting in between)
 
@@ -98,7 +99,7 @@ class EvictionPolicy(NoEviction):
 
 def sink_blocks(sinks: int, block_size: int) -> int:
     """Blocks that hold a sink token: never evicted."""
-    return -(-sinks // block_size)
+    return cdiv(sinks, block_size)
 
 
 class StreamingPolicy(EvictionPolicy):

@@ -16,6 +16,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from ..kernels import cdiv
+
 
 @dataclass
 class AttentionMetadata:
@@ -46,7 +48,7 @@ def gather_kv(pool, block_tables, n_ctx: int):
     """The first n_ctx cached positions of each sequence, in order.
     pool: (num_blocks, block_size, Hkv, D); block_tables: (B, M) -> (B, n_ctx, Hkv, D)."""
     block_size = pool.shape[1]
-    n_blocks = -(-n_ctx // block_size)
+    n_blocks = cdiv(n_ctx, block_size)
     if block_tables.shape[0] == 1 and n_blocks == 1:   # one sequence in one block (the contiguous cache): a view
         return pool[int(block_tables[0, 0]), :n_ctx].unsqueeze(0)           # (1, n_ctx, Hkv, D)
     blocks = pool[block_tables[:, :n_blocks]]           # (B, n_blocks, block_size, Hkv, D)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..config import EngineConfig, ModelConfig
+from ..kernels import cdiv
 
 DEFAULT_KV_CAP = 256 * 2**20  # bytes for the KV pool when kv_cache_bytes is not given
 
@@ -65,7 +66,7 @@ class KVCache:
     def engine_bytes(cls, cfg: ModelConfig, config: EngineConfig, dtype=torch.float32) -> int:
         """for_engine's budget in bytes, checked (minillm.parallel sizes its per-rank pools by the same blocks)."""
         bs, per_token = config.block_size, cls.bytes_per_token(cfg, dtype)   # scales included for int8
-        need = -(-config.max_model_len // bs) * bs * per_token
+        need = cdiv(config.max_model_len, bs) * bs * per_token
         kv_bytes = config.kv_cache_bytes
         if kv_bytes is None:
             kv_bytes = max(need, min(config.max_num_seqs * need, DEFAULT_KV_CAP))
