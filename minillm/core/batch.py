@@ -23,11 +23,11 @@ class Row:
     lookahead: int = 0          # draft slots reserved at positions end .. end + lookahead - 1
     writes: bool = True         # False: a static batch's padding row (computes, writes and samples nothing)
     prefill: bool = False       # the row computes more than the newest token (a prompt, chunk or recompute)
+    completes: bool = field(init=False)   # it reaches the newest token, so it samples the next one (set once:
+                                          # the step reads it many times, all before the update appends)
 
-    @property
-    def completes(self) -> bool:
-        """Does the row reach the sequence's newest token, so that it samples the next one?"""
-        return self.writes and self.end == len(self.seq)
+    def __post_init__(self):
+        self.completes = self.writes and self.end == len(self.seq)
 
 
 @dataclass
