@@ -6,8 +6,6 @@ import pytest
 import torch
 from close import assert_close
 from minillm.kernels.matmul import LANES, gemv_cpu, linear_cpu, linear_rows_plain, matmul_cpu
-from minillm.kernels.vec8 import axpy8, axpy_plain, dot8, dot_plain
-from numba import njit
 
 U = 2.0 ** -24          # float32's unit roundoff
 
@@ -54,47 +52,6 @@ def test_the_ir_micro_kernels_equal_their_plain_twin(M, K, N):
     terms = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T          # (M, N)
     assert (np.abs(plain - exact) <= (K + 1) * U * terms).all()
     assert_close(torch.from_numpy(plain), torch.from_numpy(exact).float(), atol=2e-4, rtol=1e-4, name="plain")
-
-
-@njit
-def _dot8(a, i, b, j, steps):
-    return dot8(a, i, b, j, steps)
-
-
-@njit
-def _axpy8(w, b, j, acc, i, steps):
-    axpy8(w, b, j, acc, i, steps)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.int8])
-@pytest.mark.parametrize("steps", [0, 1, 6, 13])
-def test_vec8_loops_equal_their_plain_twins(dtype, steps):
-    """dot8 against dot_plain: 8 lane chains of `steps` fmas and a 3-add tree vs one chain of 8 * steps terms, so
-    within gamma_{8 steps} + gamma_{steps + 3} <= (9 steps + 5) u sum |a b| (as float32_order_bound). axpy8 against
-    axpy_plain: one fma vs a multiply then an add, fl(c + w b) vs fl(c + fl(w b)), which differ by at most
-    2 u |c + w b| + u |w b| <= 2 u |c| + 3 u |w b| per element; and neither touches acc past 8 * steps."""
-    rng = np.random.default_rng(steps)
-    n = 8 * steps + 11                                                              # offsets and a ragged end
-    a = rng.standard_normal((2, n)).astype(np.float32)                             # (2, n)
-    b = (rng.integers(-127, 128, (2, n)) if dtype == np.int8 else rng.standard_normal((2, n))).astype(dtype)
-    i, j = n + 2, 3                                               # a: row 1 from its 3rd element; b: row 0 from its 4th
-    prods = np.abs(a.ravel()[i:i + 8 * steps].astype(np.float64) * b.ravel()[j:j + 8 * steps])
-    got, want = _dot8(a, i, b, j, steps), dot_plain(a, i, b, j, steps)
-    assert abs(float(got) - float(want)) <= (9 * steps + 5) * U * prods.sum()
-    if steps == 0:
-        assert got == want == 0.0
-    w = np.float32(0.37)
-    acc_ir, acc_plain = a.copy(), a.copy()                                          # (2, n) each
-    _axpy8(w, b, j, acc_ir, i, steps)
-    axpy_plain(w, b, j, acc_plain, i, steps)
-    seg = slice(i, i + 8 * steps)
-    wb = np.abs(float(w) * b.ravel()[j:j + 8 * steps].astype(np.float64))
-    c = np.abs(a.ravel()[seg].astype(np.float64))
-    assert (np.abs(acc_ir.ravel()[seg].astype(np.float64) - acc_plain.ravel()[seg]) <= U * (2 * c + 3 * wb)).all()
-    outside = np.ones(a.size, bool)
-    outside[seg] = False
-    assert np.array_equal(acc_ir.ravel()[outside], a.ravel()[outside])
-    assert np.array_equal(acc_plain.ravel()[outside], a.ravel()[outside])
 
 
 @pytest.mark.parametrize("K", [288, 1100, 5])   # whole 8-lane steps; a K % 8 tail; only the tail

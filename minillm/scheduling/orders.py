@@ -28,15 +28,8 @@ computes: each sequence keeps its own generator, so a request's tokens are the s
               cached prefixes (minillm.scheduling.radix), so requests that reuse the cache run while it still holds
               their prefix; over 128 waiting it falls back to fcfs, as SGLang does. Needs prefix caching.
 
-Order (the interface) and FCFS live in the core (minillm.core.order); the others plug in from here.
-The interface the batching policies and the scheduler call (a subclass overrides key(); fcfs overrides the rest):
-    refresh(sched)         once per step, before anything is scheduled: update levels, counters, the tree
-    admissible(sched)      waiting sequences in admission order (empty while a better-ranked one is swapped out)
-    running(sched)         running sequences, best first (who gets the budget first)
-    victim(sched)          the running sequence to preempt when blocks run out (the worst ranked)
-    next_swap_in(sched)    the swapped-out sequence to bring back now, or None
-    preempt(sched)         preemptive orders: preempt lower-ranked running sequences for a waiting one that outranks
-                           them and cannot otherwise fit (seats or blocks)
+Order (the interface the batching policies and the scheduler call) and FCFS live in the core
+(minillm.core.order); the others plug in from here.
 """
 from __future__ import annotations
 
