@@ -55,6 +55,9 @@ class NoAdapters:
     loads = evictions = 0
 
     def get(self, spec):
+        """A request's lora= -> its adapter: None (the base model) is all this engine serves."""
+        if spec is None:
+            return None
         raise ValueError(f"lora={spec!r} needs an engine made with enable_lora=True (LLM(..., enable_lora=True))")
 
     def admit(self, seq, sched) -> bool:

@@ -46,7 +46,7 @@ class Scheduler:
         self.padding: list[Sequence] = []         # static batching: finished, still holding their batch slot
         self.swapped: deque[Sequence] = deque()   # preempted by swapping, oldest first
         self.pending_forks: dict[int, list[Sequence]] = {}   # parent seq_id -> samples waiting for its prompt
-        self.groups: dict = {} if groups is None else groups   # request_id -> BeamGroup (minillm.decoding.beam)
+        self.groups: dict = dict(groups or {})   # request_id -> BeamGroup (minillm.decoding.beam); the scheduler's own
         self.expect_arrivals = True               # schedule()'s argument: False when every request is known
         default_budget = 512 if config.enable_chunked_prefill else max(config.max_model_len, 2048)
         self.budget = config.max_num_batched_tokens or default_budget

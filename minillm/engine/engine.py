@@ -56,7 +56,7 @@ class LLMEngine:
         self.eviction = parts.eviction            # who leaves the KV cache (NoEviction: nobody; minillm.core.hooks)
         stops = Detokenizer(self.tokenizer, self.eviction.context_limit(self.config.max_model_len))
         self.scheduler = Scheduler(self.config, self.block_manager, self.clock, stops, parts.policy,
-                                   slots=self.proposer.num_slots, eviction=self.eviction, lora=parts.lora, groups={})
+                                   slots=self.proposer.num_slots, eviction=self.eviction, lora=parts.lora)
         self.runner = ModelRunner(parts.forward, self.kv, parts.swap, hidden=self.proposer.needs_hidden,
                                   eviction=self.eviction, lora=parts.lora)
         self.post = [Logprobs(), JumpForward(), BeamStep(self.scheduler)]   # after verify, in this order
@@ -135,7 +135,7 @@ class LLMEngine:
     def lora_adapter(self, lora):
         """lora= of a request -> None or its LoRAAdapter (minillm.llama.lora), read on first use by the parts' loader
         (a shipped name or a PEFT directory). ValueError for an unknown or unfit adapter, or without enable_lora."""
-        return None if lora is None else self.parts.lora.get(lora)
+        return self.parts.lora.get(lora)
 
     def validate(self, prompt) -> list[int]:
         """Prompt -> token ids, or a ValueError naming what is wrong (minillm.core.request.prompt_ids)."""

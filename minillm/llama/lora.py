@@ -290,7 +290,10 @@ class LoRASlots:
 
     def get(self, spec) -> LoRAAdapter:
         """The adapter a request names (parsed on first use, checked against the model and max_lora_rank), as this
-        engine's own object: its slot is this engine's (a LoRAAdapter passed in is copied, its weights shared)."""
+        engine's own object: its slot is this engine's (a LoRAAdapter passed in is copied, its weights shared).
+        None: the base model."""
+        if spec is None:
+            return None
         key = spec.digest if isinstance(spec, LoRAAdapter) else spec
         if key in self.by_spec:
             return self.known[self.by_spec[key]]
