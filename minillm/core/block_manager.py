@@ -283,7 +283,6 @@ class BlockManager:
             for b in s.block_table:
                 counts[b] += 1
         assert counts == self.ref_count, "reference counts do not match the block tables"
-        assert self.num_shared == sum(c > 1 for c in counts), "num_shared does not count the shared blocks"
         free, evict = set(self.free), set(self.evictable)
         assert len(free) == len(self.free) and not free & evict
         for b in range(self.num_blocks):

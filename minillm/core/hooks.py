@@ -80,11 +80,17 @@ class NoSwap:
 
 
 class VerdictStep:
-    """A post-processor of the step's verdicts, run by LLMEngine.step after the acceptance rule (verify): first
-    on_verdicts (before the scheduler's update: it may edit the verdicts, append forks), then on_update (after it:
-    it sees what the update really appended). verdicts: one per row, then one per fork."""
+    """A post-processor of the step's verdicts, run by LLMEngine.advance after the acceptance rule (verify), in
+    three places (verdicts: one per row, then one per fork):
+      on_verdicts    inside the step's transaction: edits the verdicts only (a failed step discards them);
+      before_update  after the transaction, before the scheduler's update: may change what the scheduler holds
+                     (beam search finishes pruned beams and queues forks: nothing a rollback could undo);
+      on_update      after the update: sees what it really appended."""
 
     def on_verdicts(self, batch, out, verdicts: list):
+        pass
+
+    def before_update(self, batch, out, verdicts: list):
         pass
 
     def on_update(self, batch, verdicts: list):

@@ -53,19 +53,19 @@ def build_query(row: Row, draft: Optional[Draft]) -> Query:
     mask = None
     if draft is not None and not draft.is_chain:
         mask = torch.ones(m + k, m + k, dtype=torch.bool).tril()           # (n, n) own tokens: causal
-        mask[m:, m:] = draft.mask()                                         # a node sees its ancestors only
+        mask[m:, m:] = draft.check().mask()                                 # a node sees its ancestors only
     wanted = list(range(m - 1, m + k)) if row.completes else ([m - 1] if not row.writes else [])
     return Query(tokens, list(range(row.start, row.end + k)), rope_at, mask, wanted, prompt_rows(row))
 
 
 class ModelRunner:
-    def __init__(self, model, kv: KVCache, swap: Optional[SwapSpace] = None, hidden: bool = False,
+    def __init__(self, model, kv: KVCache, swap: SwapSpace | NoSwap = NoSwap(), hidden: bool = False,
                  eviction: NoEviction = NoEviction(), lora: NoAdapters = NoAdapters()):
         self.model, self.kv = model, kv
         self.hidden = hidden        # also return hidden states (a proposer reads them: Medusa)
         self.eviction = eviction    # kv_eviction: keys before RoPE, the window, H2O's scores (minillm.core.hooks)
         self.lora = lora            # enable_lora: each row's adapter slot in the linears (minillm.llama.lora)
-        self.swap = swap or NoSwap()    # preemption_mode "swap": the host copy of swapped-out blocks
+        self.swap = swap                # preemption_mode "swap": the host copy of swapped-out blocks (or NoSwap)
 
     def move_blocks(self, batch: ScheduledBatch):
         """The block moves the scheduler decided: swaps first (a swap-in may read a swap block that a swap-out of

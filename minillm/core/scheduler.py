@@ -68,8 +68,8 @@ class Scheduler:
     # ------------------------------------------------------------------ the mechanism policies use
     def admit(self, batch: ScheduledBatch, seq: Sequence, budget, chunk: bool = False) -> int:
         budget = budget if chunk else math.inf                # unchunked: the whole prompt in one row
-        bm, chunk = self.block_manager, self.eviction.chunk
-        first = min(len(seq), chunk)
+        bm, most = self.block_manager, self.eviction.chunk   # most: tokens a row may compute (eviction's chunk)
+        first = min(len(seq), most)
         if len(self.running) >= self.config.max_num_seqs or not bm.can_allocate(seq, first + 1):
             return 0
         if not self.lora.admit(seq, self):
@@ -81,7 +81,7 @@ class Scheduler:
         if seq.metrics.first_scheduled_time is None:
             seq.metrics.first_scheduled_time = self.clock()
         self.running.append(seq)
-        end = int(min(len(seq), seq.num_computed + budget, seq.num_computed + chunk))   # chunked prefill, eviction
+        end = int(min(len(seq), seq.num_computed + budget, seq.num_computed + most))   # chunked prefill, eviction
         self.eviction.admitted(bm, seq, end)
         batch.add(seq, seq.num_computed, end)
         return end - seq.num_computed

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .block_manager import BlockManager
+
 MAX_STEPS = 20_000
 
 
@@ -88,7 +90,7 @@ class Trace:
         written = {r.seq.seq_id: r.end + r.lookahead for r in batch.rows if r.writes}
         holders = scheduler.running + scheduler.padding
         pending.used, pending.free = bm.num_blocks - bm.num_free, bm.num_free
-        if getattr(bm, "num_shared", None) == 0:
+        if type(bm) is BlockManager and bm.num_shared == 0:   # a subclass may keep ref_count its own way
             pending.filled = sum(min(bs * len(s.block_table), max(0, written.get(s.seq_id, s.num_computed) - s.evicted))
                                  for s in holders)
             return pending

@@ -365,14 +365,14 @@ def _same_request(src: Sequence, dst: Sequence):
 
 # ---------------------------------------------------------------------------- the engine's hook
 class BeamStep(VerdictStep):
-    """The engine's post-processor: after verification, before the update, every beam group that ran chooses its
-    next beams (scheduler.groups: request_id -> BeamGroup). The beams pruned are left in batch.pruned for the
-    trace."""
+    """The engine's post-processor: after verification and the step's transaction, before the update, every beam
+    group that ran chooses its next beams (scheduler.groups: request_id -> BeamGroup). The beams pruned are left in
+    batch.pruned for the trace."""
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
 
-    def on_verdicts(self, batch, out, verdicts: list):
+    def before_update(self, batch, out, verdicts: list):
         if self.scheduler.groups:
             batch.pruned = beam_step(self.scheduler, batch, out, verdicts)
 

@@ -4,7 +4,7 @@
              drafts   = proposer.propose(batch)          # k tokens per decode row (k = 0: plain decoding)
              out      = runner.run(batch, drafts)        # one forward; logits at each newest token and draft
              verdicts = verify(batch, drafts, out)       # k = 0: sampling; k > 0: the exact acceptance rule
-             post.on_verdicts(batch, out, verdicts)      # post-processors: logprobs, jump-forward, beam search
+             post.*(batch, out, verdicts)                # post-processors: logprobs, jump-forward, beam search
              scheduler.update(batch, verdicts)           # append, stop checks, finish, free, roll back
              trace.after_update(...)                     # what the step did, as plain data
 
@@ -197,11 +197,13 @@ class LLMEngine:
             drafts, draft_s = self._timed(self.proposer.propose, batch)   # k tokens per decode row, or None
             out, run_s = self._timed(self.runner.run, batch, drafts)      # logits at every newest token and draft
             verdicts = verify(batch, drafts, out, self.verify_rule)       # what each row emits, drafts kept
-            pending = self.trace.before_update(batch, self.scheduler)    # the KV pool as the model call left it
             for post in self.post:
-                post.on_verdicts(batch, out, verdicts)                    # logprobs, jump-forward, beam search
+                post.on_verdicts(batch, out, verdicts)                    # logprobs, jump-forward: verdicts only
             self.runner.commit(batch, drafts, verdicts)                   # a kept tree path into consecutive slots
             self.proposer.observe(batch, drafts, verdicts, out)
+        pending = self.trace.before_update(batch, self.scheduler)        # the KV pool as the model call left it
+        for post in self.post:
+            post.before_update(batch, out, verdicts)                      # beam search: choose, fork, prune
         self.scheduler.update(batch, verdicts)                            # append, stop, finish, free, roll back
         for post in self.post:
             post.on_update(batch, verdicts)                               # logprobs of the tokens appended

@@ -20,7 +20,7 @@ import torch
 from ..backends.capabilities import backend_model, check_backend, choose_backend, sparsity_kind
 from ..config import EngineConfig
 from ..core.block_manager import BlockManager
-from ..core.hooks import NoAdapters, NoEviction
+from ..core.hooks import NoAdapters, NoEviction, NoSwap
 from ..core.policies import SchedulingPolicy
 from ..core.proposer import Proposer
 from ..core.verify import verify_sampled
@@ -38,7 +38,7 @@ class Parts:
     tokenizer: Any
     forward: Any                    # what the runner calls: the model, or its numba / CUDA twin
     kv: KVCache
-    swap: Optional[SwapSpace]
+    swap: Any                       # SwapSpace, or NoSwap (preemption recomputes)
     block_manager: Any
     policy: SchedulingPolicy
     proposer: Proposer
@@ -110,6 +110,9 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
     eviction: an eviction policy object (minillm.kv_eviction) in place of the one config.kv_eviction names;
     the attention rule stays config.kv_eviction's."""
     from ..kv_eviction import make_eviction
+    if eviction is not None and config.kv_eviction is None:
+        raise ValueError("an eviction= policy object replaces the one kv_eviction names, and needs kv_eviction set "
+                         "(its sinks and window decide attention's rule and the checks against max_model_len)")
     from ..quantization.quantize import quantize_model
     config, spec, choice = check_combinations(config.with_model(model.config), model)
     quant_report = sparsity_report = None
@@ -140,7 +143,7 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
     if proposer is None:
         proposer = _proposer(spec, model, tokenizer, config, kv) if spec else Proposer()
     policy = policy or make_policy(config, kv.num_blocks * config.block_size)   # lpm's tree: the pool's tokens
-    return Parts(config, model, tokenizer, forward, kv, SwapSpace(kv, swap_blocks) if swap_blocks else None, bm,
+    return Parts(config, model, tokenizer, forward, kv, SwapSpace(kv, swap_blocks) if swap_blocks else NoSwap(), bm,
                  policy, proposer, verify or verify_sampled, quant_report, choice, sparsity_report, lora,
                  eviction or make_eviction(config.kv_eviction))
 

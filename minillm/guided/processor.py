@@ -147,8 +147,9 @@ def jump_forward(seq, tokens: list) -> list[int]:
 
 
 class JumpForward:
-    """The engine's post-processor (a minillm.core.hooks.VerdictStep) for guided_* requests: after verification,
-    each row that emitted tokens also emits the tokens its pattern forces next, without computing them."""
+    """The engine's post-processor for guided_* requests (minillm.core.hooks.VerdictStep's methods; guided/ sits
+    below core, so it does not import the class): after verification, each row that emitted tokens also emits the
+    tokens its pattern forces next, without computing them."""
 
     def on_verdicts(self, batch, out, verdicts: list):
         seqs = [r.seq for r in batch.rows] + [child for _, child in batch.forks]
@@ -158,6 +159,9 @@ class JumpForward:
                     v.tokens += jump_forward(seq, v.tokens)
                 except Exception as e:               # this request's problem: it ends with an error
                     v.error = f"{type(e).__name__}: {e}"
+
+    def before_update(self, batch, out, verdicts: list):
+        pass
 
     def on_update(self, batch, verdicts: list):
         pass
