@@ -17,6 +17,7 @@ import torch
 from hashmodel import HashModel, allowed
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_transactions import fail_once, run_through_failures
 
 import minillm.decoding.beam as beam_module
 from minillm import LLM, SamplingParams
@@ -481,25 +482,13 @@ def test_engines_a_group_cannot_run_in_are_refused():
 def test_a_step_that_fails_after_verification_leaves_the_beams_as_they_were():
     """The beam step changes what the scheduler holds (prunes, forks), so it runs after the step's transaction:
     an interrupt in the model runner's commit (after verification, inside the transaction) is rolled back with
-    no beam chosen, and the search then finds exactly what it finds uninterrupted."""
+    no beam chosen, and the search then finds exactly what it finds uninterrupted (tests/test_transactions.py's
+    fault injection)."""
     engine = hash_llm().engine
     reqs = [engine.make_beam_request(p, W, m, length_penalty=lp) for p, W, m, lp in HASH_REQS[:2]]
     for r in reqs:
         engine.enqueue(r)
-    commit, calls = engine.runner.commit, []
-
-    def failing_commit(*args):
-        calls.append(1)
-        if len(calls) in (3, 7):
-            raise KeyboardInterrupt                      # after verify, before the update
-        return commit(*args)
-    engine.runner.commit = failing_commit
-    failures = 0
-    while engine.has_unfinished_requests():
-        try:
-            engine.step()
-        except KeyboardInterrupt:
-            failures += 1
-    assert failures == 2
+    fail_once(engine.runner, "commit", 3)                # after verify, inside the transaction, before the update
+    assert run_through_failures(engine) == 1
     check_hash_results(reqs, HASH_REQS[:2])
     assert_leak_free(engine)

@@ -38,6 +38,20 @@ def fail_once(obj, name: str, at: int, after: bool = False):
     setattr(obj, name, wrapper)
 
 
+def run_through_failures(engine, max_steps: int = 2000) -> int:
+    """Step the engine until nothing is left, carrying on after each injected KeyboardInterrupt. -> how many.
+    A run that does not end within max_steps fails (a broken rollback can leave a request that never finishes)."""
+    failures = 0
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return failures
+        try:
+            engine.step()
+        except KeyboardInterrupt:
+            failures += 1
+    raise AssertionError(f"requests still unfinished after {max_steps} steps")
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_an_interrupted_model_call_changes_no_output(schedule, where):
@@ -76,12 +90,7 @@ def test_an_exception_in_verification_restores_the_generators(monkeypatch):
         fail_once(minillm.engine.engine, "verify", at, after=True)
         engine = llm.engine
         engine.add_request("Who's there?", sp)
-        failures = 0
-        while engine.has_unfinished_requests():
-            try:
-                engine.step()
-            except KeyboardInterrupt:
-                failures += 1
+        failures = run_through_failures(engine)
         assert failures == 1 and [c.token_ids for c in engine.pop_finished()[0].outputs] == want
 
 
