@@ -245,13 +245,13 @@ def paged_attention_rows(q, k_pool, v_pool, block_tables, context_lens, out):
                               np.zeros((q.shape[0], 0), np.bool_), out)             # no tree: every position
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(fastmath=True, cache=True)
 def paged_attention_tree_rows(q, k_pool, v_pool, block_tables, context_lens, starts, visible, out):
     """paged_attention_rows for a step whose new tokens form a tree (Medusa's candidates): row r's positions
     from starts[r] on are the step's new tokens, and it sees new token u only where visible[r, u] (R, T)
     (torch's AttentionMetadata.tree_mask); the cached positions before starts[r] it sees all. visible (R, 0):
     no tree, row r sees its first context_lens[r] positions."""
-    no_scale = np.zeros((0, 0, 0), np.float32)
+    no_scale = np.empty((0, 0, 0), np.float32)     # np.empty: under parallel=True, np.zeros is a parallel loop
     attention_rows(q, k_pool, v_pool, no_scale, no_scale, block_tables, context_lens, starts, visible, out)
 
 
@@ -262,9 +262,13 @@ def _attend_chunk(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_len
     m, lsum (H,) and part (H, D)."""
     p0 = c * CHUNK
     p1 = min(p0 + CHUNK, context_lens[r])
-    s = np.empty((q.shape[1], max(p1 - p0, 1)), np.float32)       # (H, positions) scores
-    attend_heads(q[r], k_pool, v_pool, k_scale, v_scale, block_tables[r], 0, q.shape[1], p0, p1, starts[r],
-                 visible[r], s, m, lsum, part)
+    H = q.shape[1]
+    s = np.empty((H, max(p1 - p0, 1)), np.float32)                # (H, positions) scores
+    mine = np.empty((2, H), np.float32)     # this task's max and sum, updated per position in its own memory:
+    attend_heads(q[r], k_pool, v_pool, k_scale, v_scale, block_tables[r], 0, H, p0, p1, starts[r],   # m and lsum
+                 visible[r], s, mine[0], mine[1], part)           # of neighbouring tasks share a cache line
+    m[:] = mine[0]
+    lsum[:] = mine[1]
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -287,7 +291,8 @@ def attention_rows(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_le
     T = first[R]
     row = np.empty(T, np.int64)                     # (T,) each task's row
     for r in range(R):
-        row[first[r]:first[r + 1]] = r
+        for t in range(first[r], first[r + 1]):     # a loop: a slice assignment here would be a parallel loop
+            row[t] = r
     part = np.empty((T, H, D), np.float32)          # (T, H, D) sum_p exp(s_p - m) v_p over the chunk
     m, lsum = np.empty((T, H), np.float32), np.empty((T, H), np.float32)   # (T, H) its max and sum of exps
     if T == 1:                                      # one short row: less work than waking the threads

@@ -42,7 +42,7 @@ def kv_int8_write_rows(new, slots, pool, scale_pool):
                 q[d] = np.int8(np.rint(v[d] / safe))
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(fastmath=True, cache=True)     # attention_rows holds the parallel loop
 def paged_attention_tree_rows_int8kv(q, k_pool, v_pool, k_scale, v_scale, block_tables, context_lens, starts,
                                      visible, out):
     """paged_attention.paged_attention_tree_rows over an int8 pool (k_pool, v_pool (NB, BS, Hkv, D) int8, k_scale,

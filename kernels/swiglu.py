@@ -108,12 +108,29 @@ def _swiglu_row(g_row, u_row, o_row):
 @njit(parallel=True, fastmath={"nnan", "ninf", "nsz", "contract"}, cache=True)   # no approximate division:
 def swiglu_rows(gate, up, out):
     """out (M, F) = silu(gate (M, F)) * up (M, F), in place (out may be gate), rows across threads.
-    Elementwise: no element depends on any other, so nothing depends on the batch."""
-    if gate.shape[0] == 1:              # batch-1 decode: one row costs less than waking the threads
-        _swiglu_row(gate[0], up[0], out[0])
-        return
+    Elementwise: no element depends on any other, so nothing depends on the batch. One row goes through the
+    parallel loop too: numba vectorises the loop there and not in a plain function (2.7 us for a row of 768
+    run serially, 1.5 us as a one-iteration parallel loop, thread wake-up included)."""
     for m in prange(gate.shape[0]):
         _swiglu_row(gate[m], up[m], out[m])
+
+
+SPAN = 256   # elements per task of swiglu_packed_rows: a row of 768 keeps 2 threads busy at batch 1
+
+
+@njit(parallel=True, fastmath={"nnan", "ninf", "nsz", "contract"}, cache=True)
+def swiglu_packed_rows(h, out):
+    """out (M, F) = silu(h[:, :F]) * h[:, F:] for h (M, 2F), the fused w1|w3 matmul's output (gate | up side by
+    side), without copying the halves apart: a strided view of each half does not vectorise, and copying them
+    cost more than the SwiGLU (25 us against 6.5 at 32 rows of 768). Tasks are spans of SPAN elements of a
+    row; the same arithmetic as swiglu_rows, element by element, so the two agree bit for bit."""
+    M, F = out.shape
+    per = (F + SPAN - 1) // SPAN
+    for t in prange(M * per):
+        m, c = t // per, t % per
+        f0, f1 = c * SPAN, min(c * SPAN + SPAN, F)
+        row, o = h[m], out[m]
+        _swiglu_row(row[f0:f1], row[F + f0:F + f1], o[f0:f1])
 
 
 def swiglu_cpu(gate, up):

@@ -79,7 +79,12 @@ class ModelConfig:
     norm_eps: float = 1e-5
     shared_classifier: bool = True # output head tied to the token embedding (llama2.c's default)
     dropout: float = 0.0           # training only
-    head_dim: int = field(init=False)  # D
+    head_dim: Optional[int] = None # D; None: dim // n_heads (Qwen3 sets its own, with n_heads * D != dim)
+    qkv_bias: bool = False         # biases on q, k and v (Qwen2, Qwen2.5)
+    qk_norm: bool = False          # RMSNorm over each head of q and of k, before RoPE (Qwen3)
+    rope_scaling: Optional[dict] = None   # None, or {"rope_type": "llama3", "factor", "low_freq_factor",
+                                   # "high_freq_factor", "original_max_position_embeddings"} (Llama 3.x), or
+                                   # {"rope_type": "linear", "factor"}: minillm.llama.transformer.rope_frequencies
     kv_dim: int = field(init=False)    # Hkv * D
 
     def __post_init__(self):
@@ -89,11 +94,14 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
+        if self.head_dim is None:
+            if self.dim % self.n_heads:
+                raise ValueError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
+            self.head_dim = self.dim // self.n_heads
+        elif isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 1:
+            raise ValueError(f"ModelConfig.head_dim must be a positive integer or None, got {self.head_dim!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
-        self.head_dim = self.dim // self.n_heads
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (dim={self.dim}, n_heads={self.n_heads})")
         self.kv_dim = self.n_kv_heads * self.head_dim
@@ -105,19 +113,36 @@ class ModelConfig:
         return cls(**{**PRESETS[name], **overrides})
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        """The constructor's arguments; the model-family settings only where they differ from Llama 2's (so a
+        llama2.c model's dict, and what was saved from it, is as it always was)."""
+        plain = {"head_dim": self.dim // self.n_heads if self.dim % self.n_heads == 0 else None, "qkv_bias": False,
+                 "qk_norm": False, "rope_scaling": None}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.init and not (f.name in plain and getattr(self, f.name) == plain[f.name])}
+
+    @property
+    def family(self) -> str:
+        """The Hugging Face model_type this block is (minillm.formats.hf): llama, qwen2 (q, k, v biases), qwen3."""
+        return "qwen3" if self.qk_norm else "qwen2" if self.qkv_bias else "llama"
+
+    @property
+    def q_dim(self) -> int:
+        """H * D: the width of q and of attention's output (= dim, except where head_dim is set apart: Qwen3)."""
+        return self.n_heads * self.head_dim
 
     def num_params(self) -> int:
         C, Hd, L, V = self.dim, self.hidden_dim, self.n_layers, self.vocab_size
-        per_layer = 2 * C + C * C * 2 + 2 * C * self.kv_dim + 3 * C * Hd
+        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        norms = 2 * self.head_dim if self.qk_norm else 0
+        per_layer = 2 * C + C * self.q_dim * 2 + 2 * C * self.kv_dim + 3 * C * Hd + bias + norms
         return V * C + L * per_layer + C + (0 if self.shared_classifier else V * C)
 
     def flops_per_token(self, context: int = 0) -> int:
         """Forward FLOPs for one token: 2 per weight multiply-add (every matmul, classifier included),
         plus attention's q.k and p.v over `context` cached positions (Kaplan et al. 2020's 2N + 2 L C T)."""
         C, Hd, L = self.dim, self.hidden_dim, self.n_layers
-        matmul = L * (2 * C * C + 2 * C * self.kv_dim + 3 * C * Hd) + self.vocab_size * C
-        return 2 * matmul + 2 * 2 * L * C * context
+        matmul = L * (2 * C * self.q_dim + 2 * C * self.kv_dim + 3 * C * Hd) + self.vocab_size * C
+        return 2 * matmul + 2 * 2 * L * self.q_dim * context
 
     def kv_bytes_per_token(self, bytes_per_elem: int = 4) -> int:
         """K and V of every layer for one token."""

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from close import assert_close
-from minillm.kernels.swiglu import bytes_moved, swiglu_cpu, swiglu_rows
+from minillm.kernels.swiglu import bytes_moved, swiglu_cpu, swiglu_packed_rows, swiglu_rows
 
 
 @pytest.mark.parametrize("M,Fh", [(1, 768), (64, 768), (17, 688), (3, 5)])
@@ -54,3 +54,14 @@ def test_wrapper_refuses_bad_arrays():
         swiglu_cpu(np.ones((3, 4), np.float32), np.ones((2, 4), np.float32))
     with pytest.raises(ValueError, match="gate must be float32"):
         swiglu_cpu(np.ones((3, 4), np.float16), np.ones((3, 4), np.float32))
+
+
+@pytest.mark.parametrize("M,Fh", [(1, 768), (3, 688), (2, 5), (4, 513)])
+def test_packed_halves_equal_the_two_array_form(M, Fh):
+    """The numba forward's SwiGLU reads gate | up side by side in the fused w1|w3 output, in spans of SPAN
+    elements (a row of 688 or 513 ends in a short span): every element is the same bits as swiglu_rows's."""
+    rng = np.random.default_rng(M * Fh)
+    h = rng.standard_normal((M, 2 * Fh), dtype=np.float32) * 4
+    out = np.full((M, Fh), np.nan, np.float32)
+    swiglu_packed_rows(h, out)
+    assert np.array_equal(out, swiglu_cpu(np.ascontiguousarray(h[:, :Fh]), np.ascontiguousarray(h[:, Fh:])))

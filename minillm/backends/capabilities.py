@@ -41,6 +41,8 @@ class Capability:
     moe: bool = False              # mixture-of-experts FFNs (minillm.llama.moe: a router, experts dispatched per token)
     parallel: tuple = ()           # tensor_parallel_size / pipeline_parallel_size > 1 (minillm.parallel): "tensor",
                                    # "pipeline"
+    families: tuple = ("llama", "qwen2", "qwen3")   # ModelConfig.family: Llama (2, 3.x with its RoPE scaling,
+                                   # SmolLM2, TinyLlama), Qwen2 (q, k, v biases), Qwen3 (q/k norms)
 
 
 CAPABILITIES = {
@@ -50,7 +52,7 @@ CAPABILITIES = {
     "numba": Capability(("float32",), ("int8", "int4", "q8_0", "gptq", "w8a8"), ("auto", "int8"),  # gptq: int4 weights
                         ("draft", "ngram", "medusa"),
                         (nn.Linear, Int8Linear, Int4Linear, Q80Linear, W8A8Linear)),
-    "cuda": Capability(("float32",), (), ("auto",), ("draft", "ngram"), (nn.Linear,)),
+    "cuda": Capability(("float32",), (), ("auto",), ("draft", "ngram"), (nn.Linear,), families=("llama",)),
 }
 
 
@@ -132,6 +134,9 @@ def check_model(model: nn.Module, backend: str):
     if moe_layers(model) and not CAPABILITIES[backend].moe:      # its twins copy dense FFN weights, which MoE lacks
         where = next(n for n, m in model.named_modules() if m is moe_layers(model)[0])
         raise _refuse(backend, "a mixture-of-experts FFN (MoEFeedForward) at", where, lambda c: c.moe)
+    family = getattr(getattr(model, "config", None), "family", "llama")
+    if family not in CAPABILITIES[backend].families:
+        raise _refuse(backend, "a model of family (model_type)", family, lambda c: family in c.families)
     kinds = CAPABILITIES[backend].linears
     if kinds is None:
         return

@@ -80,13 +80,17 @@ def cached(fn=None, **options):
     return wrap(fn) if fn is not None else wrap
 
 
+def compile_error(kernel: str, arrays, e: Exception) -> RuntimeError:
+    """A numba compile (typing, lowering) failure as one error that names the kernel and its arguments' shapes
+    and dtypes, with numba's own message after it (raise it `from e`)."""
+    shapes = ", ".join(f"{a.dtype}{list(a.shape)}" if hasattr(a, "shape") else repr(a) for a in arrays)
+    return RuntimeError(f"numba could not compile {kernel} for arguments ({shapes}): {str(e).strip().splitlines()[0]}")
+
+
 @contextmanager
 def compile_errors(kernel: str, arrays):
-    """A numba compile (typing, lowering) failure raised as one error that names the kernel and its arguments'
-    shapes and dtypes, with numba's own message after it."""
+    """compile_error around a block (a hot path writes the try itself: a generator context costs microseconds)."""
     try:
         yield
     except NumbaError as e:
-        shapes = ", ".join(f"{a.dtype}{list(a.shape)}" if hasattr(a, "shape") else repr(a) for a in arrays)
-        raise RuntimeError(f"numba could not compile {kernel} for arguments ({shapes}): "
-                           f"{str(e).strip().splitlines()[0]}") from e
+        raise compile_error(kernel, arrays, e) from e

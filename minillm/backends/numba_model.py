@@ -22,25 +22,27 @@ import numba
 import numpy as np
 import torch
 import torch.nn as nn
+from numba.core.errors import NumbaError
 
 from ..kernels.rmsnorm import add_rmsnorm_rows, rmsnorm_rows
 from ..kernels.rope import rope_rows
-from ..kernels.swiglu import swiglu_rows
+from ..kernels.swiglu import swiglu_packed_rows
 from ..llama.transformer import Transformer
-from .compile_cache import cached, compile_errors
+from .compile_cache import cached, compile_error, compile_errors
 from .numba_kv import kv_attend, kv_write
 from .numba_linears import fuse, layer, linear, out_features, stack
 
 
 @cached   # on disk, keyed on every kernel source (minillm.backends.compile_cache): numba's own key is this file
-def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, emb, rms_att, wqkv, wo, rms_ffn,
-                 w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, k_scale, v_scale, n_heads, eps):
+def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, emb, rms_att, wqkv, bqkv, qkn, wo,
+                rms_ffn, w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, k_scale, v_scale, n_heads, eps):
     """tokens, rope_pos, slots (R,) int64 (slot -1: padding, not written); tables (R, M) int64, each row's
     sequence's block table; row r attends to its sequence's cached positions 0 .. ends[r] - 1, except that
     with a tree (visible (R, T), else (R, 0)) it sees new token u, at position starts[r] + u, only where
     visible[r, u]; last (N,) the rows whose logits are wanted; weights stacked by layer ((L, out, in)
     matrices, llama2.c's order), with wq|wk|wv and w1|w3 concatenated along `out` so each pair or triple is
-    one pass over the input (vLLM's QKVParallelLinear and MergedColumnParallelLinear);
+    one pass over the input (vLLM's QKVParallelLinear and MergedColumnParallelLinear); bqkv (L, H*D + 2*Hkv*D)
+    the q|k|v biases (Qwen2) or (L, 0); qkn (L, 2, D) the q and k RMSNorm weights per head (Qwen3) or (L, 2, 0);
     k_cache, v_cache (L, NB, BS, Hkv, D) float32, or int8 with k_scale, v_scale (L, NB, BS, Hkv) (numba_kv)
     -> logits (N, V), final-normed hidden states (N, C)."""
     R, C = tokens.shape[0], emb.shape[1]
@@ -59,9 +61,15 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
     rmsnorm_rows(x, rms_att[0], eps, xb)
     for li in range(L):
         linear(xb, layer(wqkv, li), qkv)
+        if bqkv.shape[1]:                               # Qwen2's q, k, v biases
+            for r in range(R):
+                qkv[r] += bqkv[li]
         q = np.ascontiguousarray(qkv[:, :HD])           # (R, H*D)
         k = np.ascontiguousarray(qkv[:, HD:HD + KVD])   # (R, Hkv*D)
         v = qkv[:, HD + KVD:]                           # (R, Hkv*D), only read row by row
+        if qkn.shape[2]:                                # Qwen3: each head of q and k RMS-normed, before RoPE
+            rmsnorm_rows(q.reshape(R * n_heads, D), qkn[li, 0], eps, q.reshape(R * n_heads, D))
+            rmsnorm_rows(k.reshape(R * Hkv, D), qkn[li, 1], eps, k.reshape(R * Hkv, D))
         rope_rows(q.reshape(R, n_heads, D), rope_pos, cos, sin)
         rope_rows(k.reshape(R, Hkv, D), rope_pos, cos, sin)
         # every row's K/V are in the pool before anyone reads (q, k, v as (R, heads, D) views)
@@ -72,8 +80,8 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
         linear(att, layer(wo, li), out)
         add_rmsnorm_rows(out, x, rms_ffn[li], eps, xb)  # x += attention; xb = rmsnorm(x)
         linear(xb, layer(w13, li), h13)
-        swiglu_rows(np.ascontiguousarray(h13[:, :F]), np.ascontiguousarray(h13[:, F:]), act)  # not in place:
-        linear(act, layer(w2, li), out)                 # in place, LLVM would run the loop's slow scalar copy
+        swiglu_packed_rows(h13, act)                    # act = silu(h13[:, :F]) * h13[:, F:]
+        linear(act, layer(w2, li), out)
         add_rmsnorm_rows(out, x, rms_att[li + 1] if li + 1 < L else rms_final, eps, xb)  # x += mlp; next norm
     xl = np.empty((last.shape[0], C), np.float32)       # (N, C) only the rows whose next token is wanted
     for b in range(last.shape[0]):
@@ -84,16 +92,61 @@ def forward_rows(tokens, rope_pos, slots, tables, ends, starts, visible, last, e
 
 
 @cached
-def decode_one(token, pos, emb, rms_att, wqkv, wo, rms_ffn, w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache,
-               k_scale, v_scale, n_heads, eps):
+def forward_batch(tokens, rope_pos, slots, tables, cache_pos, context_lens, visible, last, emb, rms_att, wqkv, bqkv,
+                  qkn, wo, rms_ffn, w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, k_scale, v_scale, n_heads,
+                  eps):
+    """forward_rows from the engine's step as it is: tokens, rope_pos, slots, cache_pos (B, T), tables (B, M),
+    context_lens (B,), as AttentionMetadata holds them. Each of the B * T query tokens becomes a row here, in
+    compiled code: row b * T + t sees its sequence's positions 0 .. min(cache_pos[b, t] + 1, context_lens[b]) - 1
+    (padding past a short row's tokens sees no more than the row), the step's new tokens start at cache_pos[b, 0],
+    and it reads row b's block table. (Built in Python with numpy, this metadata cost more than the batch-1 step's
+    RMSNorms and RoPE together.)"""
+    B, T = tokens.shape
+    R, M = B * T, tables.shape[1]
+    ends, starts = np.empty(R, np.int64), np.empty(R, np.int64)      # (R,) each row's positions seen, first new
+    row_tables = np.empty((R, M), np.int64)                          # (R, M) each row's sequence's block table
+    for r in range(R):
+        b, t = r // T, r % T
+        ends[r] = min(cache_pos[b, t] + 1, context_lens[b])
+        starts[r] = cache_pos[b, 0]
+        row_tables[r] = tables[b]
+    return forward_rows(tokens.reshape(R), rope_pos.reshape(R), slots.reshape(R), row_tables, ends, starts, visible,
+                        last, emb, rms_att, wqkv, bqkv, qkn, wo, rms_ffn, w13, w2, rms_final, wcls, cos, sin, k_cache,
+                        v_cache, k_scale, v_scale, n_heads, eps)
+
+
+@cached
+def decode_one(token, pos, emb, rms_att, wqkv, bqkv, qkn, wo, rms_ffn, w13, w2, rms_final, wcls, cos, sin, k_cache,
+               v_cache, k_scale, v_scale, n_heads, eps):
     """One batch-1 decode step on the contiguous cache (one block of max_seq_len slots: position = slot), with
     its metadata built here and the greedy choice made here: llama2.c's loop body, with no Python in between.
     -> (logits (V,), argmax). The same forward_rows, so the same bits as any other batch."""
     one = np.full(1, pos, np.int64)                      # (1,) RoPE position = slot = pos
     logits, _ = forward_rows(np.full(1, token, np.int64), one, one, np.zeros((1, 1), np.int64), one + 1, one,
-                             np.zeros((1, 0), np.bool_), np.zeros(1, np.int64), emb, rms_att, wqkv, wo, rms_ffn,
-                             w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, k_scale, v_scale, n_heads, eps)
+                             np.zeros((1, 0), np.bool_), np.zeros(1, np.int64), emb, rms_att, wqkv, bqkv, qkn, wo,
+                             rms_ffn, w13, w2, rms_final, wcls, cos, sin, k_cache, v_cache, k_scale, v_scale, n_heads,
+                             eps)
     return logits[0], np.argmax(logits[0])
+
+
+def qkv_bias(a) -> np.ndarray:
+    """An Attention's q|k|v biases (Qwen2) as one (H*D + 2*Hkv*D,) float32 array; (0,) without them."""
+    if not isinstance(a.q_bias, nn.Identity):
+        return torch.cat([a.q_bias.bias, a.k_bias.bias, a.v_bias.bias]).detach().float().numpy()
+    return np.zeros(0, np.float32)
+
+
+def qk_norms(a) -> np.ndarray:
+    """An Attention's per-head q and k RMSNorm weights (Qwen3) as (2, D) float32; (2, 0) without them."""
+    if not isinstance(a.q_norm, nn.Identity):
+        return torch.stack([a.q_norm.weight, a.k_norm.weight]).detach().float().numpy()
+    return np.zeros((2, 0), np.float32)
+
+
+def ints(t) -> np.ndarray:
+    """A torch tensor, array or list of indices as the compiled forward takes them: contiguous int64 numpy
+    (a view, when it already is one)."""
+    return np.ascontiguousarray(t.numpy() if isinstance(t, torch.Tensor) else np.asarray(t), dtype=np.int64)
 
 
 def pools(kv) -> tuple:
@@ -128,10 +181,13 @@ class NumbaTransformer(nn.Module):
             w13=stack([fuse([b.feed_forward.w1, b.feed_forward.w3]) for b in layers]),
             w2=stack([fuse([b.feed_forward.w2]) for b in layers]), rms_final=model.norm.weight.detach().numpy(),
             wcls=fuse([model.output]),
-            cos=model.rope_cos.float().numpy(), sin=model.rope_sin.float().numpy())   # (S, D/2) ensure_rope'd
-        self.compiled_seconds, self.compiled_calls = 0.0, 0     # time inside forward_rows (bench's profile)
-        self._weights = tuple(self.w[k] for k in ("emb", "rms_att", "wqkv", "wo", "rms_ffn", "w13", "w2", "rms_final",
-                                                  "wcls", "cos", "sin"))   # decode_one's arguments, in order
+            cos=model.rope_cos.float().numpy(), sin=model.rope_sin.float().numpy(),   # (S, D/2) ensure_rope'd
+            bqkv=np.ascontiguousarray(np.stack([qkv_bias(b.attention) for b in layers])),   # (L, HD + 2 KVD) or (L, 0)
+            qkn=np.ascontiguousarray(np.stack([qk_norms(b.attention) for b in layers])))     # (L, 2, D) or (L, 2, 0)
+        self.timing = [0.0, 0]   # seconds inside the compiled forward, calls (bench's profile): a list, since
+                                 # nn.Module's __setattr__ costs a microsecond a write
+        self._weights = tuple(self.w[k] for k in ("emb", "rms_att", "wqkv", "bqkv", "qkn", "wo", "rms_ffn", "w13", "w2",
+                                                  "rms_final", "wcls", "cos", "sin"))   # decode_one's, in order
 
     def decode_step(self, token: int, pos: int, kv) -> tuple[np.ndarray, int]:
         """The common case in one compiled call: batch 1, the contiguous cache (`run`'s decode loop, llama2.c's
@@ -144,9 +200,25 @@ class NumbaTransformer(nn.Module):
         with compile_errors("decode_one", self._weights):
             logits, best = decode_one(token, pos, *self._weights, *pools(kv), self.config.n_heads,
                                       self.config.norm_eps)
-        self.compiled_seconds += time.perf_counter() - t0
-        self.compiled_calls += 1
+        self.timing[0] += time.perf_counter() - t0
+        self.timing[1] += 1
         return logits, int(best)
+
+    @property
+    def compiled_seconds(self) -> float:
+        return self.timing[0]
+
+    @compiled_seconds.setter
+    def compiled_seconds(self, value: float):
+        self.timing[0] = value
+
+    @property
+    def compiled_calls(self) -> int:
+        return self.timing[1]
+
+    @compiled_calls.setter
+    def compiled_calls(self, value: int):
+        self.timing[1] = value
 
     def forward(self, tokens, positions, kv=None, attn=None, rows=None, return_hidden: bool = False):
         """The serving interface of Transformer.forward: tokens, positions (B, T) (RoPE positions) -> logits
@@ -157,36 +229,27 @@ class NumbaTransformer(nn.Module):
         if kv is None or attn is None:
             raise ValueError("backend='numba' serves from the KV cache: pass kv and AttentionMetadata")
         B, T = tokens.shape
-        limit = self.config.max_seq_len
-        if int(positions.max()) >= limit:
-            raise ValueError(f"position {int(positions.max())} is beyond the model's context max_seq_len={limit}")
-        last = np.arange(B) * T + T - 1 if rows is None else np.asarray(rows, dtype=np.int64)  # (N,) rows wanted
-        tables = attn.block_tables.numpy()                                       # (B, M)
-        cache_pos = attn.positions.numpy()                                       # (B, T)
-        ends = np.minimum(cache_pos + 1, attn.context_lens.numpy()[:, None])     # (B, T) positions each row sees
-        starts = np.repeat(cache_pos[:, :1], T, axis=1)                          # (B, T) the first new position
+        rope_at, limit = ints(positions), self.config.max_seq_len
+        if rope_at.max() >= limit:
+            raise ValueError(f"position {int(rope_at.max())} is beyond the model's context max_seq_len={limit}")
+        last = np.arange(B) * T + T - 1 if rows is None else ints(rows)                   # (N,) rows wanted
         if attn.tree_mask is not None:
-            visible = attn.tree_mask.reshape(B * T, T).numpy()                   # (B*T, T)
+            visible = np.ascontiguousarray(attn.tree_mask.reshape(B * T, T).numpy())        # (B*T, T)
         else:
-            visible = np.zeros((B * T, 0), np.bool_)                             # a chain: ends says it all
-        if T > 1:
-            tables = np.repeat(tables, T, axis=0)                                # (B*T, M) each row's sequence's
-
-        def n(t):
-            return np.ascontiguousarray(np.asarray(t, dtype=np.int64).reshape(-1))
+            visible = np.zeros((B * T, 0), np.bool_)                                        # a chain: ends say it all
+        args = (ints(tokens), rope_at, ints(attn.slot_mapping), ints(attn.block_tables), ints(attn.positions),
+                ints(attn.context_lens), visible, last)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)   # torch's OpenMP threads would spin against numba's between our calls
+        t0 = time.perf_counter()
         try:
-            args = (n(tokens), n(positions), n(attn.slot_mapping), np.ascontiguousarray(tables), n(ends), n(starts),
-                    np.ascontiguousarray(visible), last)
-            t0 = time.perf_counter()
-            with compile_errors("forward_rows", args + self._weights):
-                logits, hidden = forward_rows(*args, *self._weights, *pools(kv), self.config.n_heads,
-                                              self.config.norm_eps)
-            self.compiled_seconds += time.perf_counter() - t0
-            self.compiled_calls += 1
+            logits, hidden = forward_batch(*args, *self._weights, *pools(kv), self.config.n_heads, self.config.norm_eps)
+        except NumbaError as e:
+            raise compile_error("forward_batch", args + self._weights, e) from e
         finally:
             torch.set_num_threads(threads)
+        self.timing[0] += time.perf_counter() - t0
+        self.timing[1] += 1
         if return_hidden:
             return torch.from_numpy(logits), torch.from_numpy(hidden)            # (N, V), (N, C)
         return torch.from_numpy(logits)                                          # (N, V)

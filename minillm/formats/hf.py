@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from typing import Optional
 
 import torch
 
@@ -86,32 +87,65 @@ def _field(c: dict, file, name: str, check, default=None):
     return default if c.get(name) is None else check(file, name, c[name])
 
 
+FAMILIES = {  # model_type -> what it adds to the Llama block (SmolLM2, TinyLlama: plain "llama")
+    "llama": {}, "qwen2": {"qkv_bias": True}, "qwen3": {"qk_norm": True},
+}
+ROPE_TYPES = {"default": (), "linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def _rope_scaling(c: dict, file) -> tuple[Optional[dict], Optional[float]]:
+    """config.json's RoPE settings -> (rope_scaling for ModelConfig or None, rope_theta if given there).
+    transformers 5 writes them as rope_parameters (theta inside), older files as rope_scaling."""
+    key = "rope_parameters" if c.get("rope_parameters") else "rope_scaling"
+    rope = c.get(key) or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"{file}: {key}={rope!r} must be a JSON object")
+    kind = rope.get("rope_type", rope.get("type")) or "default"
+    if kind not in ROPE_TYPES:
+        why = (" (its frequencies depend on the current length, which a KV cache built at other lengths would "
+               "mix)" if kind == "dynamic" else "")
+        raise ValueError(f"{file}: {key}.rope_type={kind!r} is not supported{why}; supported: "
+                         f"{', '.join(ROPE_TYPES)}")
+    theta = _positive_float(file, f"{key}.rope_theta", rope["rope_theta"]) if "rope_theta" in rope else None
+    if kind == "default":
+        return None, theta
+    scaling = {"rope_type": kind}
+    for name in ROPE_TYPES[kind]:
+        if name not in rope:
+            raise ValueError(f"{file}: {key} of rope_type {kind!r} needs {name!r} ({', '.join(ROPE_TYPES[kind])})")
+        scaling[name] = _positive_float(file, f"{key}.{name}", rope[name])
+    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ValueError(f"{file}: {key}.high_freq_factor={scaling['high_freq_factor']} must exceed "
+                         f"low_freq_factor={scaling['low_freq_factor']}")
+    return scaling, theta
+
+
 def read_config(path) -> ModelConfig:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise FileNotFoundError(f"no config.json in {path}")
     c = read_json(cfg_path)
-    if c.get("model_type", "llama") != "llama":
-        raise ValueError(f"{cfg_path}: model_type={c.get('model_type')!r}; only 'llama' is supported")
+    family = c.get("model_type", "llama")
+    if family not in FAMILIES:
+        raise ValueError(f"{cfg_path}: model_type={family!r} is not supported; supported: {', '.join(FAMILIES)} "
+                         f"(SmolLM2 and TinyLlama are 'llama')")
     if c.get("hidden_act", "silu") != "silu" or c.get("attention_bias") or c.get("mlp_bias"):
         raise ValueError(f"{cfg_path}: hidden_act={c.get('hidden_act')!r}, attention_bias={c.get('attention_bias')}, "
-                         f"mlp_bias={c.get('mlp_bias')}; this engine implements silu without biases")
-    rope_key = "rope_parameters" if c.get("rope_parameters") else "rope_scaling"
-    rope = c.get(rope_key) or {}
-    if not isinstance(rope, dict):
-        raise ValueError(f"{cfg_path}: {rope_key}={rope!r} must be a JSON object")
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-        raise ValueError(f"{cfg_path}: rope_type={rope.get('rope_type')!r} is not supported (only default RoPE)")
-    if "rope_theta" in rope:
-        theta = _positive_float(cfg_path, f"{rope_key}.rope_theta", rope["rope_theta"])
-    else:
+                         f"mlp_bias={c.get('mlp_bias')}; this engine implements silu, with biases on q, k and v "
+                         f"only (as Qwen2's)")
+    if c.get("use_sliding_window"):
+        raise ValueError(f"{cfg_path}: use_sliding_window=true is not supported (every layer attends to the whole "
+                         f"context here)")
+    scaling, theta = _rope_scaling(c, cfg_path)
+    if theta is None:
         theta = _field(c, cfg_path, "rope_theta", _positive_float, 10000.0)
     dim = _field(c, cfg_path, "hidden_size", _positive_int)
     heads = _field(c, cfg_path, "num_attention_heads", _positive_int)
+    if c.get("head_dim") is None and dim % heads:
+        raise ValueError(f"{cfg_path}: hidden_size={dim} is not divisible by num_attention_heads={heads}, and "
+                         f"no head_dim is given")
     head_dim = _field(c, cfg_path, "head_dim", _positive_int, dim // heads)
-    if head_dim * heads != dim:
-        raise ValueError(f"{cfg_path}: head_dim={head_dim} x heads={heads} != hidden_size={dim}; "
-                         f"this engine needs dim = n_heads * head_dim")
     tie = c.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise ValueError(f"{cfg_path}: tie_word_embeddings={tie!r} must be true or false")
@@ -121,7 +155,8 @@ def read_config(path) -> ModelConfig:
                  vocab_size=_field(c, cfg_path, "vocab_size", _positive_int),
                  max_seq_len=_field(c, cfg_path, "max_position_embeddings", _positive_int, 2048),
                  rope_theta=theta, norm_eps=_field(c, cfg_path, "rms_norm_eps", _positive_float, 1e-6),
-                 shared_classifier=tie)
+                 shared_classifier=tie, head_dim=None if head_dim * heads == dim else head_dim,
+                 rope_scaling=scaling, **FAMILIES[family])
     try:
         return ModelConfig(**shape)
     except ValueError as e:  # what only the combination breaks, e.g. n_heads=4 is not divisible by n_kv_heads=3
@@ -175,11 +210,35 @@ def _read_tensors(path) -> tuple[dict, dict]:
 
 def _hf_shapes(cfg: ModelConfig) -> dict:
     """HF name (without "model.") -> the shape config.json implies, per layer for the layer tensors."""
-    C, Hd, V, HD = cfg.dim, cfg.hidden_dim, cfg.vocab_size, cfg.n_heads * cfg.head_dim
+    C, Hd, V, HD, D = cfg.dim, cfg.hidden_dim, cfg.vocab_size, cfg.q_dim, cfg.head_dim
     return {"embed_tokens": (V, C), "norm": (C,), "lm_head": (V, C), "input_layernorm": (C,),
             "self_attn.q_proj": (HD, C), "self_attn.k_proj": (cfg.kv_dim, C), "self_attn.v_proj": (cfg.kv_dim, C),
             "self_attn.o_proj": (C, HD), "post_attention_layernorm": (C,), "mlp.gate_proj": (Hd, C),
-            "mlp.down_proj": (C, Hd), "mlp.up_proj": (Hd, C)}
+            "mlp.down_proj": (C, Hd), "mlp.up_proj": (Hd, C), "self_attn.q_proj.bias": (HD,),
+            "self_attn.k_proj.bias": (cfg.kv_dim,), "self_attn.v_proj.bias": (cfg.kv_dim,),
+            "self_attn.q_norm": (D,), "self_attn.k_norm": (D,)}
+
+
+def _layer_names(cfg: ModelConfig) -> dict:
+    """HF tensor name in a layer -> ours, for this model's family."""
+    names = {f"{theirs}.weight": f"{ours}.weight" for theirs, ours in _NAMES.items()}
+    if cfg.qkv_bias:
+        names.update({f"self_attn.{p}_proj.bias": f"attention.{p}_bias.bias" for p in "qkv"})
+    if cfg.qk_norm:
+        names.update({f"self_attn.{p}_norm.weight": f"attention.{p}_norm.weight" for p in "qk"})
+    return names
+
+
+def _to_pairs(theirs: str, w, cfg: ModelConfig, back: bool = False):
+    """q's and k's rows (weights, biases) and the q/k norms' per-dimension weights into llama2.c's RoPE pairs
+    (back=True: from them, for minillm.formats.hf_export)."""
+    move = pairs_to_hf if back else hf_to_pairs
+    if theirs.startswith(("self_attn.q_norm", "self_attn.k_norm")):
+        return move(w[:, None], 1)[:, 0]                                   # (D,): one head
+    heads = cfg.n_heads if theirs.startswith("self_attn.q_proj") else cfg.n_kv_heads  # GQA: k has n_kv_heads
+    if theirs.startswith(("self_attn.q_proj", "self_attn.k_proj")):
+        return move(w, heads) if w.dim() == 2 else move(w[:, None], heads)[:, 0]
+    return w
 
 
 def load_hf(path) -> Transformer:
@@ -187,9 +246,10 @@ def load_hf(path) -> Transformer:
     raw, where = _read_tensors(path)
     names = {k.removeprefix("model."): k for k in raw}                     # ours -> the file's own name
     hf = {k.removeprefix("model."): v for k, v in raw.items()}
+    del raw
     shapes = _hf_shapes(cfg)
     dims = (f"hidden_size={cfg.dim}, intermediate_size={cfg.hidden_dim}, num_attention_heads={cfg.n_heads}, "
-            f"num_key_value_heads={cfg.n_kv_heads}, vocab_size={cfg.vocab_size}")
+            f"num_key_value_heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}, vocab_size={cfg.vocab_size}")
 
     def take(key: str, kind: str):
         """The tensor, checked against config.json's shape before any reshape or load_state_dict sees it."""
@@ -199,27 +259,26 @@ def load_hf(path) -> Transformer:
         if tuple(w.shape) != shapes[kind]:
             raise ValueError(f"{where[names[key]]}: tensor {names[key]!r} has shape {tuple(w.shape)}, config.json "
                              f"implies {shapes[kind]} ({dims})")
-        return w.to(torch.float32)
+        return w.to(torch.float32)     # a no-op for float32 files; bfloat16/float16 are widened one tensor at a time
 
     if "lm_head.weight" not in hf:
         cfg.shared_classifier = True
     state = {"tok_embeddings.weight": take("embed_tokens.weight", "embed_tokens"),
              "norm.weight": take("norm.weight", "norm")}
     for i in range(cfg.n_layers):
-        for theirs, ours in _NAMES.items():
-            w = take(f"layers.{i}.{theirs}.weight", theirs)
-            if theirs == "self_attn.q_proj":
-                w = hf_to_pairs(w, cfg.n_heads)
-            elif theirs == "self_attn.k_proj":
-                w = hf_to_pairs(w, cfg.n_kv_heads)  # n_kv_heads, not n_heads: the GQA-correct permutation
-            state[f"layers.{i}.{ours}.weight"] = w
+        for theirs, ours in _layer_names(cfg).items():
+            kind = theirs.removesuffix(".weight")
+            state[f"layers.{i}.{ours}"] = _to_pairs(theirs, take(f"layers.{i}.{theirs}", kind), cfg)
     head = take("lm_head.weight", "lm_head") if "lm_head.weight" in hf else None
     leftover = sorted(k for k in hf if "rotary_emb" not in k)
     if leftover:
-        raise ValueError(f"{path}: tensors this Llama engine does not use: {leftover[:6]}")
+        raise ValueError(f"{path}: tensors this engine does not use for a {cfg.family} model: {leftover[:6]}")
     state["output.weight"] = state["tok_embeddings.weight"] if cfg.shared_classifier else head
-    model = Transformer(cfg)
-    model.load_state_dict(state, strict=True)
+    with torch.device("meta"):          # no random weights to overwrite: the file's tensors become the parameters
+        model = Transformer(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    if cfg.shared_classifier:
+        model.output.weight = model.tok_embeddings.weight               # assign=True made two parameters: tie again
     return model.eval()
 
 
@@ -247,13 +306,27 @@ class HFTokenizer:
         more = [more] if isinstance(more, int) else more if isinstance(more, list) else []
         self.stop_ids |= {i for i in more if isinstance(i, int) and not isinstance(i, bool)}
         tok_cfg = os.path.join(os.path.dirname(file), "tokenizer_config.json")      # the chat template, if any
-        template = read_json(tok_cfg).get("chat_template") if os.path.exists(tok_cfg) else None
+        tc = read_json(tok_cfg) if os.path.exists(tok_cfg) else {}
+        template = tc.get("chat_template")
         self.chat_template = template if isinstance(template, str) else None
         self.vocab_size = self._tok.get_vocab_size()
+        self.adds_bos = self._adds_bos(tc.get("add_bos_token"))
+
+    def _adds_bos(self, flag) -> bool:
+        """Does a prompt start with BOS, as transformers' tokenizer(prompt) gives it? tokenizer_config.json's
+        add_bos_token when it says; else what the tokenizer's post-processor prepends (Llama 3 and TinyLlama's
+        template adds one, Qwen's byte-level post-processor none); a tokenizer.json without one: BOS, as before."""
+        if isinstance(flag, bool):
+            return flag
+        if self._tok.post_processor is None:
+            return True
+        probe = self._tok.encode("a", add_special_tokens=True).ids
+        return bool(probe) and probe[0] == self.bos_id and probe != self._tok.encode("a", add_special_tokens=False).ids
 
     def encode(self, text: str, bos: bool = True, eos: bool = False) -> list[int]:
+        """bos=True: BOS first where this model's tokenizer adds one (adds_bos)."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+        return ([self.bos_id] if bos and self.adds_bos else []) + ids + ([self.eos_id] if eos else [])
 
     def decode(self, ids, prev_token=None) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)

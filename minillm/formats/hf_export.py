@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from ..llama.tokenizer import _NO_MERGE_AT_OR_BELOW, BOS, EOS, UNK, Tokenizer
 from .chat_template import CHAT_TEMPLATE
-from .hf import _NAMES, HFTokenizer, pairs_to_hf
+from .hf import HFTokenizer, _layer_names, _to_pairs
 
 SPECIALS = {UNK: "<unk>", BOS: "<s>", EOS: "</s>"}     # llama2.c's ids 0, 1, 2 under Llama's names
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -82,14 +82,11 @@ def hf_state_dict(model) -> tuple[dict, Optional[str]]:
     state["model.embed_tokens.weight"] = model.tok_embeddings.weight.detach()
     state["model.norm.weight"] = model.norm.weight.detach()
     for i, layer in enumerate(model.layers):
-        for theirs, ours in _NAMES.items():
-            module = layer.get_submodule(ours)
-            w = put(module) if not ours.endswith("norm") else module.weight.detach()
-            if theirs == "self_attn.q_proj":
-                w = pairs_to_hf(w, cfg.n_heads)
-            elif theirs == "self_attn.k_proj":
-                w = pairs_to_hf(w, cfg.n_kv_heads)        # n_kv_heads under GQA, as hf.py's reader
-            state[f"model.layers.{i}.{theirs}.weight"] = w
+        for theirs, ours in _layer_names(cfg).items():
+            module = layer.get_submodule(ours.rsplit(".", 1)[0])
+            plain = ours.endswith(("norm.weight", ".bias"))       # norms and Qwen2's biases: their own tensors
+            w = getattr(module, ours.rsplit(".", 1)[1]).detach() if plain else put(module)
+            state[f"model.layers.{i}.{theirs}"] = _to_pairs(theirs, w, cfg, back=True)   # q, k: HF's RoPE rows
     if not cfg.shared_classifier or not isinstance(model.output, nn.Linear):   # a quantized classifier is untied
         state["lm_head.weight"] = put(model.output)
     schemes.discard(None)
@@ -98,14 +95,20 @@ def hf_state_dict(model) -> tuple[dict, Optional[str]]:
     return state, ("+".join(sorted(schemes)) if schemes else None)
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
 def hf_config(model, tied: bool, dtype: torch.dtype, bos_id: int, stop_ids: list, provenance: dict) -> dict:
     cfg = model.config
+    rope = dict(cfg.rope_scaling) if cfg.rope_scaling else None
+    if rope and "original_max_position_embeddings" in rope:
+        rope["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "architectures": [ARCHITECTURES[cfg.family]], "model_type": cfg.family,
         "hidden_size": cfg.dim, "intermediate_size": cfg.hidden_dim, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
         "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "rope_scaling": None, "hidden_act": "silu", "attention_bias": False,
+        "rope_theta": cfg.rope_theta, "rope_scaling": rope, "hidden_act": "silu", "attention_bias": False,
         "mlp_bias": False, "tie_word_embeddings": tied, "bos_token_id": bos_id, "eos_token_id": stop_ids[0],
         "torch_dtype": str(dtype).removeprefix("torch."), "initializer_range": 0.02, "use_cache": True,
         "minillm_export": provenance,
@@ -167,7 +170,8 @@ def tokenizer_files(tokenizer) -> tuple[object, dict, list]:
         raise ValueError(f"cannot export a tokenizer of type {type(tokenizer).__name__}: export_hf writes "
                          "llama2.c Tokenizers and tokenizer.json ones (minillm.load's two kinds)")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
-              "unk_token": SPECIALS[UNK] if isinstance(tokenizer, Tokenizer) else None, "add_bos_token": True,
+              "unk_token": SPECIALS[UNK] if isinstance(tokenizer, Tokenizer) else None,
+              "add_bos_token": getattr(tokenizer, "adds_bos", True),
               "add_eos_token": False, "clean_up_tokenization_spaces": False,
               "chat_template": getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE}
     return hf, config, stops

@@ -37,14 +37,50 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float = 10000.0):
-    """cos, sin: (max_seq_len, D/2) in float64, of the angles run.c computes in float32:
-    freq = 1.0f / powf(theta, (2j) / (float)D) and angle = pos * freq, both rounded to float32.
-    The float32 angle is what matters at long contexts (pos * freq carries ~1e-7 relative error, so
-    ~1e-4 rad at position 1000); cos/sin of it are then exact, and rounding them to float32 gives
-    what glibc's cosf/sinf return."""
+class Bias(nn.Module):
+    """x + bias over the last dimension (Qwen2's q, k and v projections)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(n))
+
+    def forward(self, x):  # (..., n)
+        return x + self.bias
+
+
+def rope_frequencies(head_dim: int, theta: float = 10000.0, scaling: Optional[dict] = None) -> np.ndarray:
+    """freq_j (D/2,) float32, run.c's 1.0f / powf(theta, 2j / (float)D), then a model family's rescaling:
+    - {"rope_type": "linear", "factor": s}: every frequency / s (position interpolation, Chen et al. 2023);
+    - {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+      (Llama 3.1+): wavelengths longer than original / low_freq_factor are divided by factor, those shorter than
+      original / high_freq_factor kept, the band between blended linearly in original / wavelength (transformers'
+      _compute_llama3_parameters, computed here in float64 and rounded once)."""
     e = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)                # (D/2,) float32 division
     freq = np.float32(1.0) / np.power(np.float64(theta), e.astype(np.float64)).astype(np.float32)  # (D/2,)
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "default":
+        return freq
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return (freq.astype(np.float64) / factor).astype(np.float32)
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old = float(scaling["original_max_position_embeddings"])
+    f = freq.astype(np.float64)
+    wavelen = 2 * math.pi / f                                                             # (D/2,)
+    smooth = (old / wavelen - low) / (high - low)                                         # 0 at old/low, 1 at old/high
+    scaled = np.where(wavelen > old / low, f / factor, f)
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    scaled = np.where(medium, (1 - smooth) * f / factor + smooth * f, scaled)
+    return scaled.astype(np.float32)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float = 10000.0, scaling: Optional[dict] = None):
+    """cos, sin: (max_seq_len, D/2) in float64, of the angles run.c computes in float32:
+    freq = 1.0f / powf(theta, (2j) / (float)D) (rescaled as rope_frequencies says) and angle = pos * freq, both
+    rounded to float32. The float32 angle is what matters at long contexts (pos * freq carries ~1e-7 relative
+    error, so ~1e-4 rad at position 1000); cos/sin of it are then exact, and rounding them to float32 gives
+    what glibc's cosf/sinf return."""
+    freq = rope_frequencies(head_dim, theta, scaling)                                     # (D/2,) float32
     angle = np.arange(max_seq_len, dtype=np.float32)[:, None] * freq[None, :]             # (S, D/2) float32 product
     angle = torch.from_numpy(angle.astype(np.float64))                                   # (S, D/2)
     return torch.cos(angle), torch.sin(angle)
@@ -72,17 +108,24 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wq = nn.Linear(cfg.dim, cfg.q_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.kv_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.kv_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.wo = nn.Linear(cfg.q_dim, cfg.dim, bias=False)
+        # Qwen2: biases on q, k, v, kept beside the linears (so every weight type, LoRA and quantization alike,
+        # serves them unchanged); Identity elsewhere
+        self.q_bias, self.k_bias, self.v_bias = (Bias(n) if cfg.qkv_bias else nn.Identity()
+                                                 for n in (cfg.q_dim, cfg.kv_dim, cfg.kv_dim))
+        # Qwen3: each head of q and k RMS-normed before RoPE (Identity elsewhere: no weights, nothing computed)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.dropout = cfg.dropout
 
     def forward(self, x, cos, sin, kv: Optional[KVCache], attn: Optional[AttentionMetadata]):
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)      # (B, T, H, D)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)   # (B, T, Hkv, D)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)   # (B, T, Hkv, D)
+        q = self.q_norm(self.q_bias(self.wq(x)).view(B, T, self.n_heads, self.head_dim))      # (B, T, H, D)
+        k = self.k_norm(self.k_bias(self.wk(x)).view(B, T, self.n_kv_heads, self.head_dim))   # (B, T, Hkv, D)
+        v = self.v_bias(self.wv(x)).view(B, T, self.n_kv_heads, self.head_dim)                # (B, T, Hkv, D)
         q = apply_rope(q, cos, sin)
         if attn is None or not attn.rope_on_read:     # kv_eviction stores keys before RoPE (minillm.kv_eviction)
             k = apply_rope(k, cos, sin)
@@ -146,7 +189,7 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight  # weight tying, as llama2.c's small models
         # RoPE tables for the positions in use, grown on demand (a header may claim a context of 10^7: its full
         # tables would be gigabytes); a row depends only on its position, so growing never changes a value
-        cos, sin = rope_tables(cfg.head_dim, min(cfg.max_seq_len, ROPE_ROWS), cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, min(cfg.max_seq_len, ROPE_ROWS), cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)  # (S', D/2), float64 until .to(dtype)
         self.register_buffer("rope_sin", sin, persistent=False)  # (S', D/2)
 
@@ -157,7 +200,7 @@ class Transformer(nn.Module):
         if n > have:
             n = min(max(n, 2 * have), self.config.max_seq_len)
             with torch.inference_mode(False):                    # plain tensors: training may use them later
-                cos, sin = rope_tables(self.config.head_dim, n, self.config.rope_theta)
+                cos, sin = rope_tables(self.config.head_dim, n, self.config.rope_theta, self.config.rope_scaling)
                 self.rope_cos = cos.to(self.rope_cos.dtype, copy=True).to(self.rope_cos.device)
                 self.rope_sin = sin.to(self.rope_sin.dtype, copy=True).to(self.rope_sin.device)
 

@@ -22,6 +22,7 @@ class RopeTables:
             raise ValueError(f"position {need - 1} is beyond the model's context max_seq_len={self.cfg.max_seq_len}")
         if need > have:
             n = min(max(need, 2 * have, ROPE_ROWS), self.cfg.max_seq_len)
-            cos, sin = rope_tables(self.cfg.head_dim, n, self.cfg.rope_theta)        # (n, D/2) float64
+            cfg = self.cfg
+            cos, sin = rope_tables(cfg.head_dim, n, cfg.rope_theta, cfg.rope_scaling)        # (n, D/2) float64
             self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)
         return self.cos[positions], self.sin[positions]                               # (B, T, D/2)

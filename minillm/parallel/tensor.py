@@ -30,6 +30,9 @@ from .rope import RopeTables
 
 def check_tensor_parallel(cfg, p: int):
     """ValueError naming the value unless p ranks can split this model's heads, MLP and vocabulary evenly."""
+    if p > 1 and cfg.family != "llama":
+        raise ValueError(f"tensor_parallel_size={p} splits Llama blocks; this model is {cfg.family!r} (its q, k, v "
+                         f"biases or q/k norms are not sharded): use tensor_parallel_size=1")
     for what, n in (("query heads n_heads", cfg.n_heads), ("vocabulary vocab_size", cfg.vocab_size),
                     ("MLP width hidden_dim", cfg.hidden_dim)):
         if n % p:
