@@ -61,7 +61,10 @@ def tokenizer(family: str):
                                          decoders.Strip(" ", 1, 0)])
         byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
         trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials + byte_tokens, show_progress=False)
-        tok.train_from_iterator(lines, trainer)
+        tok.train_from_iterator(lines, trainer)      # ids 3 .. 258 reserved for the bytes, then made plain vocabulary
+        spec = json.loads(tok.to_str())              # entries, as in Llama 2's file (only <unk>, <s>, </s> added)
+        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in specials]
+        tok = Tokenizer.from_str(json.dumps(spec))
     if prepends is not None:
         pid = tok.token_to_id(prepends)
         tok.post_processor = processors.TemplateProcessing(single=f"{prepends} $A", pair=f"{prepends} $A $B",

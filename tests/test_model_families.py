@@ -191,3 +191,66 @@ def test_what_a_backend_or_option_cannot_run_is_refused_with_the_family(built):
     with pytest.raises(ValueError, match="tensor_parallel_size=2 splits Llama blocks; this model is 'qwen3'"):
         check_tensor_parallel(ours.config, 2)
     check_model(load_hf(built["llama3"][0]), "cuda")        # Llama 3's RoPE is in the tables the kernels read
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama3", "tinyllama"])
+def test_structured_output_on_byte_level_and_sentencepiece_vocabularies(built, family):
+    """guided_regex and guided_json on tokenizer.json vocabularies: every output matches (sampled at T = 1, so
+    the mask, not the model, is what keeps it valid)."""
+    import re
+    folder, _ = built[family]
+    llm = LLM(folder)
+    pattern = r"[a-z]+ (is|was) [0-9]{2}\."
+    outs = llm.generate(["ROMEO:", "JULIET:", "Now is"],
+                        SamplingParams(temperature=1.0, max_tokens=48, seed=1, guided_regex=pattern))
+    for o in outs:      # a match that uses the last token allowed ends with "length", complete (length-aware mask)
+        assert re.fullmatch(pattern, o.outputs[0].text), o.outputs[0].text
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    for seed in range(3):
+        text = llm.generate("ROMEO:", SamplingParams(temperature=1.0, max_tokens=64, seed=seed,
+                                                     guided_json=schema))[0].outputs[0].text
+        value = json.loads(text)
+        assert set(value) == {"name", "age"} and isinstance(value["age"], int) and len(value["name"]) <= 8
+
+
+def test_streamed_text_only_grows_while_a_character_s_bytes_arrive(built):
+    """Byte-level BPE splits "é" (c3 a9) into two tokens when no merged token has it: after the first the text
+    must not show a replacement character that the second would then take back."""
+    folder, _ = built["qwen2"]
+    llm = LLM(folder)
+    engine = llm.engine
+    engine.add_request("ROMEO:", SamplingParams(temperature=0, max_tokens=12, guided_regex="(é|ö){4}"))
+    texts = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            texts.append(out.outputs[0].text)
+    assert all("\ufffd" not in t for t in texts)
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))          # each step's text extends the last
+    assert len(texts[-1]) == 4 and set(texts[-1]) <= {"é", "ö"}
+
+
+def test_a_model_too_large_for_memory_is_refused_before_any_tensor_is_read(built):
+    from minillm.formats.hf import check_fits
+    cfg = read_config(built["qwen2"][0])
+    check_fits(cfg, "qwen2", free=10 ** 9)
+    with pytest.raises(MemoryError, match=r"take 0.0 GiB in float32, and this machine has 0.0 GiB free; nothing "
+                                          r"was loaded"):
+        check_fits(cfg, "qwen2", free=1000)
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2"])
+def test_chat_prompt_ids_equal_transformers_apply_chat_template(built, family):
+    """The server's chat prompt (the model's own template, rendered as transformers renders it, BOS once) has the
+    ids transformers' apply_chat_template gives."""
+    from transformers import AutoTokenizer
+
+    from minillm.serve.app import chat_text
+    folder, _ = built[family]
+    tok = HFTokenizer(folder)
+    messages = [{"role": "system", "content": "Speak as a player."}, {"role": "user", "content": "Who art thou?"}]
+    text = chat_text(messages, tok.chat_template, tok)
+    want = AutoTokenizer.from_pretrained(folder).apply_chat_template(messages, add_generation_prompt=True,
+                                                                     tokenize=True)
+    want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+    assert tok.encode(text) == list(want)

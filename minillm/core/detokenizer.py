@@ -40,11 +40,14 @@ class Detokenizer:
         """Text of the generated ids, extended by the newest token. llama2.c tokenizers: append the token's
         bytes (run.c's piece rules, BOS/EOS skipped) and decode the whole buffer, so a character split across
         byte tokens comes out whole. HF tokenizers: decode with the last prompt token as context, so one that
-        strips a leading space at the start of a text (SentencePiece) keeps it, as vLLM does."""
+        strips a leading space at the start of a text (SentencePiece) keeps it, as vLLM does; a partial UTF-8
+        character at the end waits for its last byte."""
         if self.llama2c:
             ids = seq.output_ids
             prev = ids[-2] if len(ids) > 1 else seq.prompt_ids[-1]
             seq.text_bytes += self.tokenizer.decode_bytes(ids[-1:], prev_token=prev)
             return seq.text_bytes.decode("utf-8", errors="replace")
         prefix = self.tokenizer.decode(seq.prompt_ids[-1:])
-        return self.tokenizer.decode(seq.prompt_ids[-1:] + seq.output_ids)[len(prefix):]
+        text = self.tokenizer.decode(seq.prompt_ids[-1:] + seq.output_ids)[len(prefix):]
+        return text.rstrip("\ufffd")   # a character whose bytes are still arriving (byte-level BPE splits them):
+                                        # held back, so streamed text only grows (vLLM holds it back too)

@@ -35,22 +35,30 @@ from .regex import RegexError
 
 UNREACHABLE = np.iinfo(np.int32).max
 MAX_BIASES = 2048         # (V,) float32 biases cached per index: 32 MiB at V = 4096
-_VOCABS: "weakref.WeakKeyDictionary[Tokenizer, Vocab]" = weakref.WeakKeyDictionary()
+_VOCABS: "weakref.WeakKeyDictionary[object, Vocab]" = weakref.WeakKeyDictionary()
 
 
 class Vocab:
-    """A llama2.c tokenizer's tokens as bytes, exactly as the engine's detokenizer turns them into text."""
+    """A tokenizer's tokens as bytes, exactly as the engine's detokenizer turns them into text: a llama2.c
+    tokenizer's pieces (run.c's rules), or a tokenizer.json's (HFTokenizer.token_bytes: byte-level or
+    SentencePiece-style)."""
 
-    def __init__(self, tokenizer: Tokenizer):
-        if not isinstance(tokenizer, Tokenizer):
-            raise ValueError(f"structured output (guided_regex / guided_json / guided_choice) needs a llama2.c "
-                             f"tokenizer, whose tokens' bytes it knows; got {type(tokenizer).__name__}")
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        V = tokenizer.vocab_size
-        self.eos = EOS
-        self.bytes = [tokenizer.piece_bytes(UNK, t) for t in range(V)]          # after any token but BOS
-        self.bytes_after_bos = [tokenizer.piece_bytes(BOS, t) for t in range(V)]
-        self.text = np.array([t not in (UNK, BOS, EOS) and len(b) > 0 for t, b in enumerate(self.bytes)])  # (V,)
+        if isinstance(tokenizer, Tokenizer):
+            V = tokenizer.vocab_size
+            self.eos = EOS
+            self.bytes = [tokenizer.piece_bytes(UNK, t) for t in range(V)]      # after any token but BOS
+            self.bytes_after_bos = [tokenizer.piece_bytes(BOS, t) for t in range(V)]
+            text = [t not in (UNK, BOS, EOS) for t in range(V)]
+        elif hasattr(tokenizer, "token_bytes"):
+            self.eos = tokenizer.eos_id
+            self.bytes, self.bytes_after_bos, text = tokenizer.token_bytes()
+        else:
+            raise ValueError(f"structured output (guided_regex / guided_json / guided_choice) needs a tokenizer "
+                             f"whose tokens' bytes it knows (llama2.c's, or a tokenizer.json); got "
+                             f"{type(tokenizer).__name__}")
+        self.text = np.array([ok and len(b) > 0 for ok, b in zip(text, self.bytes)])    # (V,)
         self.indexes: OrderedDict = OrderedDict()                                # compiled constraints, LRU
 
     @property
@@ -69,12 +77,14 @@ class Vocab:
     def encode_bytes(self, data: bytes) -> list[int]:
         """The tokenizer's own tokens for data, without BOS or the dummy-prefix space (run.c's merges)."""
         tok = self.tokenizer
+        if not isinstance(tok, Tokenizer):
+            return tok.encode(data.decode("utf-8", errors="replace"), bos=False)
         return tok._merge(tok._initial_tokens(data))
 
 
 def vocab_of(tokenizer) -> Vocab:
     """One Vocab per tokenizer object, kept as long as the tokenizer lives."""
-    v = _VOCABS.get(tokenizer) if isinstance(tokenizer, Tokenizer) else None
+    v = _VOCABS.get(tokenizer)
     if v is None:
         v = Vocab(tokenizer)
         _VOCABS[tokenizer] = v

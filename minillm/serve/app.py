@@ -156,11 +156,9 @@ def _add_chat_routes(app: FastAPI, served: Served):
             schema = P.response_format_schema(req.response_format)
             messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                          else "".join(part.text for part in m.content)} for m in req.messages]
-            text = render_chat(messages, template, bos_token=_bos_text(tokenizer),
-                               add_generation_prompt=req.add_generation_prompt)
+            text = chat_text(messages, template, tokenizer, req.add_generation_prompt)
         except ValueError as e:
             raise ServeError(str(e)) from None
-        text = text.removeprefix(_bos_text(tokenizer))        # the engine's tokenizer adds BOS itself
         top = req.top_logprobs if req.top_logprobs is not None else 0
         fill = req.max_tokens is None and req.max_completion_tokens is None   # then: what the context leaves (vLLM)
         params = _params_of(req, logprobs=top if req.logprobs else None, guided_json=schema)
@@ -174,6 +172,14 @@ def _add_chat_routes(app: FastAPI, served: Served):
         if req.stream:
             return stream_response(group, shape, req.stream_options)
         return await unless_disconnected(request, group, shape)
+
+
+def chat_text(messages: list, template: str, tokenizer, add_generation_prompt: bool = True) -> str:
+    """The prompt text of a chat: the template rendered as transformers renders it, then without its leading BOS
+    where the engine's tokenizer adds BOS itself (so it is there once; Qwen's adds none and its templates write
+    none)."""
+    text = render_chat(messages, template, bos_token=_bos_text(tokenizer), add_generation_prompt=add_generation_prompt)
+    return text.removeprefix(_bos_text(tokenizer)) if getattr(tokenizer, "adds_bos", True) else text
 
 
 def _bos_text(tokenizer) -> str:
