@@ -254,3 +254,23 @@ def test_chat_prompt_ids_equal_transformers_apply_chat_template(built, family):
                                                                      tokenize=True)
     want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
     assert tok.encode(text) == list(want)
+
+
+def test_draft_model_speculation_and_preemption_on_a_qwen3_pair(built, tmp_path):
+    """A smaller Qwen3 shape with the same tokenizer drafts for the other: greedy speculative output equals plain
+    decoding; a KV pool too small for the batch preempts (recompute and swap) and still gives the same tokens."""
+    folder, _ = built["qwen3"]
+    families.build("qwen3", tmp_path, seed=3, num_hidden_layers=1, hidden_size=32, intermediate_size=64)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = ["ROMEO: But soft", "JULIET: O Romeo", "Now is the winter", "To be, or not"]
+    plain = [o.token_ids for o in LLM(folder).generate(prompts, params)]
+    spec = LLM(folder, speculative={"method": "draft", "gamma": 3, "model": str(tmp_path)})
+    assert [o.token_ids for o in spec.generate(prompts, params)] == plain
+    assert spec.engine.spec_stats["drafted"] > 0
+    per_block = 4 * read_config(folder).kv_bytes_per_token(4)            # block_size 4, float32
+    for mode in ("recompute", "swap"):                                    # 48 tokens of KV for 4 x ~32
+        small = LLM(folder, block_size=4, max_model_len=48, kv_cache_bytes=12 * per_block, preemption_mode=mode,
+                    swap_bytes=12 * per_block if mode == "swap" else 0)
+        outs = small.generate(prompts, params)
+        assert sum(o.metrics.num_preemptions for o in outs) > 0
+        assert [o.token_ids for o in outs] == plain

@@ -30,37 +30,23 @@ QUICK = dict(batches=(1, 4), steps=16, repeats=1)
 
 # ---------------------------------------------------------------------------- Hugging Face, in memory
 def to_hf(net):
-    """The same weights as a transformers LlamaForCausalLM (float32, eval): names mapped as
-    minillm.formats.hf reads them, wq/wk rows permuted back to HF's half-split RoPE layout."""
-    import inspect
-
+    """The same weights as a transformers model of the net's family (LlamaForCausalLM, Qwen2ForCausalLM or
+    Qwen3ForCausalLM; float32, eval), built from what minillm.formats.hf_export would write: its config.json and
+    its HF-named state (q/k rows back in HF's half-split RoPE layout)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ..formats.hf import _NAMES, pairs_to_hf
-    cfg = net.config
-    shape = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.hidden_dim,
-                 num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-                 head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-                 tie_word_embeddings=cfg.shared_classifier, attention_bias=False, mlp_bias=False, hidden_act="silu",
-                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:        # transformers >= 5
-        shape["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    else:
-        shape["rope_theta"] = cfg.rope_theta
-    sd = {k: v.detach().to(torch.float32) for k, v in net.state_dict().items()}
-    state = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "model.norm.weight": sd["norm.weight"],
-             "lm_head.weight": sd["output.weight"]}
-    for i in range(cfg.n_layers):
-        for theirs, ours in _NAMES.items():
-            w = sd[f"layers.{i}.{ours}.weight"]
-            if theirs == "self_attn.q_proj":
-                w = pairs_to_hf(w, cfg.n_heads)
-            elif theirs == "self_attn.k_proj":
-                w = pairs_to_hf(w, cfg.n_kv_heads)
-            state[f"model.layers.{i}.{theirs}.weight"] = w
-    hf = LlamaForCausalLM(LlamaConfig(**shape)).to(torch.float32).eval()
-    hf.load_state_dict(state, strict=True)
+    from ..formats.hf_export import hf_config, hf_state_dict
+    state, _ = hf_state_dict(net)
+    tied = "lm_head.weight" not in state
+    c = hf_config(net, tied, torch.float32, bos_id=1, stop_ids=[2], provenance={})
+    for key in ("architectures", "minillm_export", "torch_dtype"):
+        c.pop(key)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(c.pop("model_type"), pad_token_id=0, **c))
+    hf = hf.to(torch.float32).eval()
+    if tied:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    hf.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
     return hf
 
 
