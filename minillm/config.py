@@ -164,6 +164,18 @@ PRESETS: dict[str, dict[str, Any]] = {
                               max_seq_len=1024),
     # small enough that the CPU runs it in milliseconds: tests and notebooks before the trained models
     "tiny": dict(dim=64, hidden_dim=192, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, max_seq_len=256),
+    # the open models' exact shapes (their config.json), context cut to 2048: `random:<name>` measures memory and
+    # speed at real size without the weights (issue 35); a real folder loads through minillm.formats.hf
+    "smollm2-360m": dict(dim=960, hidden_dim=2560, n_layers=32, n_heads=15, n_kv_heads=5, vocab_size=49152,
+                         max_seq_len=2048, rope_theta=100000.0),
+    "qwen2.5-0.5b": dict(dim=896, hidden_dim=4864, n_layers=24, n_heads=14, n_kv_heads=2, vocab_size=151936,
+                         max_seq_len=2048, rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True),
+    "qwen3-0.6b": dict(dim=1024, hidden_dim=3072, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
+                       vocab_size=151936, max_seq_len=2048, rope_theta=1000000.0, norm_eps=1e-6, qk_norm=True),
+    "llama3.2-1b": dict(dim=2048, hidden_dim=8192, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256,
+                        max_seq_len=2048, rope_theta=500000.0, norm_eps=1e-5, rope_scaling={
+                            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192}),
 }
 
 

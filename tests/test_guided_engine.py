@@ -244,6 +244,6 @@ def test_a_tokenizer_without_token_bytes_is_refused():
     from minillm.engine.engine import LLMEngine
     from minillm.labs.hashmodel import HashModel, IdTokenizer
     engine = LLMEngine.from_model(HashModel(), IdTokenizer(), EngineConfig(dtype="float64", backend="torch"))
-    with pytest.raises(ValueError, match="needs a llama2.c tokenizer"):
+    with pytest.raises(ValueError, match="needs a tokenizer whose tokens. bytes it knows"):
         engine.add_request([BOS, 5, 6], SamplingParams(guided_regex="a+"))
     assert not engine.requests

@@ -18,6 +18,7 @@ import torch
 
 from ..config import ModelConfig
 from ..llama.transformer import Transformer
+from .token_bytes import token_bytes
 
 _NAMES = {  # HF name (per layer) -> ours
     "input_layernorm": "attention_norm", "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
@@ -358,47 +359,6 @@ class HFTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
     def token_bytes(self) -> tuple[list, list, list]:
-        """-> (each token's bytes as the detokenizer appends them, the same for a first token right after BOS,
-        whether it is text (special tokens are not)), for structured output's token index (minillm.guided).
-        Byte-level BPE (Llama 3, Qwen, SmolLM2): each character of a token stands for one byte (GPT-2's table).
-        SentencePiece-style (TinyLlama, Llama 2): "▁" is a space, <0xNN> the byte NN, and the decoder's Strip
-        drops the first space of an output that follows BOS. Other decoders (WordPiece, WordLevel) join tokens
-        with rules of their own: refused."""
-        spec = json.loads(self._tok.to_str())
-        decoder = spec.get("decoder") or {}
-        kinds = [d.get("type") for d in decoder.get("decoders", [decoder])]
-        V = self.vocab_size
-        special = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
-        pieces = [self._tok.id_to_token(i) for i in range(V)]
-        text = [p is not None and p not in special for p in pieces]
-        if "ByteLevel" in kinds:
-            inverse = {c: b for b, c in _bytes_to_unicode().items()}
-            out = [bytes(inverse[c] for c in p) if ok and all(c in inverse for c in p) else b""
-                   for p, ok in zip(pieces, text)]
-            return out, out, text
-        if "ByteFallback" in kinds or "Metaspace" in kinds or "Replace" in kinds:
-            def piece(p: str) -> bytes:
-                if len(p) == 6 and p.startswith("<0x") and p.endswith(">"):
-                    return bytes([int(p[3:5], 16)])
-                return p.replace("▁", " ").encode("utf-8")
-            out = [piece(p) if ok else b"" for p, ok in zip(pieces, text)]
-            strips = any(d.get("type") == "Strip" and d.get("start", 0) >= 1 for d in decoder.get("decoders", []))
-            first = [b[1:] if strips and b.startswith(b" ") else b for b in out]
-            return out, first, text
-        raise ValueError(f"structured output needs a byte-level or SentencePiece-style tokenizer.json, whose tokens' "
-                         f"bytes it knows; this one's decoder is {kinds}")
-
-
-def _bytes_to_unicode() -> dict:
-    """GPT-2's byte -> printable character table, which byte-level BPE vocabularies are written in."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
+        """Each token's bytes as the detokenizer appends them, the same right after BOS, and whether it is text
+        (structured output's token index: minillm.formats.token_bytes)."""
+        return token_bytes(self._tok, self.vocab_size)
