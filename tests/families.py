@@ -99,10 +99,10 @@ def config(family: str, **overrides):
     return c
 
 
-def build(family: str, folder, seed: int = 0, dtype=torch.float32, **overrides):
+def build(family: str, folder, seed: int = 0, dtype=torch.float32, max_shard_size=None, **overrides):
     """Write a random-weight model of the family (+ its tokenizer files) into folder -> the transformers model
     (float32, eval). Weights are N(0, 0.2) and norms 1 +- 0.1, biases N(0, 0.5): far from init, so a wrong
-    permutation, a missing bias or norm shows at every position."""
+    permutation, a missing bias or norm shows at every position. max_shard_size (e.g. "100KB"): shards and an index."""
     import transformers
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config(family, **overrides)).eval()
@@ -115,7 +115,8 @@ def build(family: str, folder, seed: int = 0, dtype=torch.float32, **overrides):
             else:
                 p.normal_(0, 0.2)
     os.makedirs(folder, exist_ok=True)
-    model.to(dtype).save_pretrained(folder, safe_serialization=True)
+    model.to(dtype).save_pretrained(folder, safe_serialization=True,
+                                    **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     tok = tokenizer(family)
     tok.save(os.path.join(folder, "tokenizer.json"))
     _, _, bos, eos, prepends, template = STYLE[family]

@@ -120,6 +120,16 @@ def test_bfloat16_weights_load_widened_and_run_in_bfloat16(tmp_path):
         assert_close(low(x).float(), ref, atol=0.15, rtol=0.05, name="bfloat16 compute")
 
 
+def test_sharded_safetensors_with_an_index_load_as_one_file(built, tmp_path):
+    import os
+    hf = families.build("qwen2", tmp_path, max_shard_size="100KB")
+    shards = [f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]
+    assert len(shards) > 1 and os.path.exists(tmp_path / "model.safetensors.index.json")
+    x = tokens(16)
+    with torch.no_grad():
+        assert_close(load_hf(tmp_path)(x), hf(x).logits, atol=1e-4, rtol=1e-4, name="sharded qwen2")
+
+
 @pytest.mark.parametrize("edit,message", [
     ({"model_type": "gemma"}, "model_type='gemma' is not supported; supported: llama, qwen2, qwen3"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn' is not supported"),
