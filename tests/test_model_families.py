@@ -284,3 +284,38 @@ def test_draft_model_speculation_and_preemption_on_a_qwen3_pair(built, tmp_path)
         outs = small.generate(prompts, params)
         assert sum(o.metrics.num_preemptions for o in outs) > 0
         assert [o.token_ids for o in outs] == plain
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_peft_lora_made_by_peft_itself_serves_as_peft_computes(built, family, tmp_path):
+    """An adapter written by the `peft` library on the family's transformers model (q, k, v, o, MLP, these module
+    names): loaded into minillm's LoRA slots, its logits are peft's (the biases and q/k norms beside them)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from minillm.formats.peft import load_adapter
+    from minillm.llama.lora import attach_lora, load_slot
+    folder, hf = built[family]
+    torch.manual_seed(2)
+    peft_model = get_peft_model(copy.deepcopy(hf), LoraConfig(r=4, lora_alpha=8, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], lora_dropout=0.0))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)                           # peft starts B at zero: make the adapter do something
+    peft_model.save_pretrained(tmp_path / "adapter")
+    x = tokens(24)
+    with torch.no_grad():
+        theirs = peft_model.eval()(x).logits
+        base = peft_model.get_base_model()
+    ours = load_hf(folder)
+    adapter = load_adapter(str(tmp_path / "adapter"), ours.config)
+    lm = attach_lora(ours, 2, 4)
+    load_slot(lm, 1, adapter)
+    with torch.no_grad():
+        with lm.lora_context.use([1, 1], x.shape[1]):
+            got = lm(x)
+        with peft_model.disable_adapter():
+            assert (base(x).logits - theirs).abs().max() > 1e-2         # the adapter changes the logits
+    assert_close(got, theirs, atol=1e-4, rtol=1e-4, name=f"{family} + PEFT LoRA: minillm slots vs peft")
