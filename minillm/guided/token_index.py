@@ -113,18 +113,19 @@ class TokenIndex:
         self.accepting = np.append(dfa.accepting, dfa.accepting[dfa.start])       # (S + 1,)
         nxt = np.empty((S + 1, V), dtype=np.int32)
         tb, lens = vocab.matrix()
-        for lo in range(0, S, 256):                                              # chunks bound the temporaries
-            nxt[lo:min(S, lo + 256)] = walk_tokens(dfa.trans, np.arange(lo, min(S, lo + 256)), tb, lens)
+        step = max(8, (1 << 23) // V)        # states per chunk: (step, V) int32 temporaries of ~32 MiB at any V
+        for lo in range(0, S, step):                                             # chunks bound the temporaries
+            nxt[lo:min(S, lo + step)] = walk_tokens(dfa.trans, np.arange(lo, min(S, lo + step)), tb, lens)
         tb, lens = vocab.matrix(after_bos=True)
         nxt[S] = np.where(lens > 0, walk_tokens(dfa.trans, np.array([dfa.start]), tb, lens)[0], -1)
         nxt[:, ~vocab.text] = -1
         self.dist = self._distances(nxt)
         self._dist_of = np.append(self.dist, UNREACHABLE)                         # index -1: unreachable
         self.max_need = np.zeros(S + 1, dtype=np.int64)                           # (S + 1,) see tokens_needed
-        for lo in range(0, S + 1, 256):
-            rows = nxt[lo:lo + 256]
+        for lo in range(0, S + 1, step):
+            rows = nxt[lo:lo + step]
             rows[self._dist_of[rows] >= UNREACHABLE] = -1                         # tokens into dead ends
-            self.max_need[lo:lo + 256] = np.where(rows >= 0, 1 + self._dist_of[rows], 0).max(1)
+            self.max_need[lo:lo + step] = np.where(rows >= 0, 1 + self._dist_of[rows], 0).max(1)
         self.next = nxt
         allowed = nxt >= 0
         allowed[:, vocab.eos] = self.accepting
