@@ -120,6 +120,14 @@ class ModelConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.init and not (f.name in plain and getattr(self, f.name) == plain[f.name])}
 
+    def __repr__(self) -> str:
+        """The dataclass repr, without the family settings at their Llama-2 defaults (a llama2.c model prints as
+        it always did)."""
+        plain = {"qkv_bias": False, "qk_norm": False, "rope_scaling": None}
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                          if not (f.name in plain and getattr(self, f.name) == plain[f.name]))
+        return f"ModelConfig({shown})"
+
     @property
     def family(self) -> str:
         """The Hugging Face model_type this block is (minillm.formats.hf): llama, qwen2 (q, k, v biases), qwen3."""
