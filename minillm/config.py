@@ -105,6 +105,13 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE (dim={self.dim}, n_heads={self.n_heads})")
         self.kv_dim = self.n_kv_heads * self.head_dim
+        need = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                  "original_max_position_embeddings")}
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type") if isinstance(self.rope_scaling, dict) else None
+            if kind not in need or any(k not in self.rope_scaling for k in need[kind]):
+                raise ValueError(f"ModelConfig.rope_scaling={self.rope_scaling!r}: rope_type must be one of "
+                                 f"{', '.join(need)}, with {need}")
 
     @classmethod
     def from_name(cls, name: str, **overrides) -> "ModelConfig":

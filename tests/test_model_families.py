@@ -319,3 +319,52 @@ def test_a_peft_lora_made_by_peft_itself_serves_as_peft_computes(built, family, 
         with peft_model.disable_adapter():
             assert (base(x).logits - theirs).abs().max() > 1e-2         # the adapter changes the logits
     assert_close(got, theirs, atol=1e-4, rtol=1e-4, name=f"{family} + PEFT LoRA: minillm slots vs peft")
+
+
+def test_a_model_vocabulary_padded_past_the_tokenizer_s_and_every_stop_id_under_guidance(tmp_path):
+    """Qwen2.5 pads its 151,665 tokenizer ids to 151,936 rows: guided masks span the model's rows (the padding
+    is never text). A stop id other than eos (Qwen's <|im_end|> here, eos being <|endoftext|>) ends a guided
+    output where the pattern is complete, as it ends a free one."""
+    import re
+    families.build("qwen2", tmp_path, vocab_size=families.VOCAB + 16, eos_token_id=0)   # eos <|endoftext|>
+    json.dump({"eos_token_id": [0, families.STYLE["qwen2"][1].index("<|im_end|>")]},
+              open(tmp_path / "generation_config.json", "w"))
+    llm = LLM(str(tmp_path))
+    assert llm.tokenizer.vocab_size == families.VOCAB + 16
+    outs = llm.generate(["ROMEO:", "JULIET:"], SamplingParams(temperature=1.0, max_tokens=40, seed=0,
+                                                               guided_regex=r"[a-z]+ (is|was) [0-9]{2}\."))
+    for o in outs:
+        assert re.fullmatch(r"[a-z]+ (is|was) [0-9]{2}\.", o.outputs[0].text)
+        assert all(t < families.VOCAB for t in o.token_ids)
+    from minillm.guided.processor import attach
+    params = attach(SamplingParams(max_tokens=40, guided_regex="ab"), llm.tokenizer, [5], 256)
+    assert params.logits_processors[-1].stop_ids == [families.STYLE["qwen2"][1].index("<|im_end|>")]
+
+
+def test_a_finished_text_keeps_a_character_it_never_completed(built):
+    """Held back only while the sequence runs: at max_tokens the half character is in the text, as decode has it."""
+    from minillm.core.detokenizer import Detokenizer
+    from minillm.core.sequence import Sequence
+    tok = HFTokenizer(built["qwen2"][0])
+    half, rest = tok.encode("é", bos=False)                          # two byte tokens, c3 and a9
+    seen = []
+    for max_tokens in (2, 1):
+        seq = Sequence(0, "r", 0, tok.encode("ROMEO:"), SamplingParams(max_tokens=max_tokens), 0, 0.0)
+        detok = Detokenizer(tok, 256)
+        seq.output_ids.append(half)
+        done = detok.check(seq)
+        seen.append((done, seq.text))
+    assert seen == [(False, ""), (True, "\ufffd")]                   # running: held back; finished: kept
+
+
+def test_a_llama2c_file_refuses_what_it_cannot_hold(built, tmp_path):
+    from minillm.formats.llama2c import save_bin
+    from minillm.formats.runq import save_runq
+    for family in ("qwen2", "qwen3", "llama3"):
+        model = load_hf(built[family][0])
+        with pytest.raises(ValueError, match="holds a Llama 2 block; this model is"):
+            save_bin(model, tmp_path / "m.bin")
+        with pytest.raises(ValueError, match="a runq.c file holds a Llama 2 block"):
+            save_runq(model, tmp_path / "q.bin")
+    with pytest.raises(ValueError, match="rope_scaling=.*rope_type must be one of linear, llama3"):
+        read_config(built["llama3"][0]).__class__(rope_scaling={"rope_type": "yarn", "factor": 2.0})

@@ -34,20 +34,20 @@ class Detokenizer:
         if len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
             seq.finish_reason = "length"
             return True
-        return False
+        if not self.llama2c:   # a character whose bytes are still arriving (byte-level BPE splits them): held
+            seq.text = seq.text.rstrip("\ufffd")   # back while the sequence runs, so streamed text only grows
+        return False                               # (vLLM holds it back too); a finished text keeps it
 
     def append_text(self, seq: Sequence) -> str:
         """Text of the generated ids, extended by the newest token. llama2.c tokenizers: append the token's
         bytes (run.c's piece rules, BOS/EOS skipped) and decode the whole buffer, so a character split across
         byte tokens comes out whole. HF tokenizers: decode with the last prompt token as context, so one that
-        strips a leading space at the start of a text (SentencePiece) keeps it, as vLLM does; a partial UTF-8
-        character at the end waits for its last byte."""
+        strips a leading space at the start of a text (SentencePiece) keeps it, as vLLM does (check() holds a
+        partial UTF-8 character at the end back while the sequence runs)."""
         if self.llama2c:
             ids = seq.output_ids
             prev = ids[-2] if len(ids) > 1 else seq.prompt_ids[-1]
             seq.text_bytes += self.tokenizer.decode_bytes(ids[-1:], prev_token=prev)
             return seq.text_bytes.decode("utf-8", errors="replace")
         prefix = self.tokenizer.decode(seq.prompt_ids[-1:])
-        text = self.tokenizer.decode(seq.prompt_ids[-1:] + seq.output_ids)[len(prefix):]
-        return text.rstrip("\ufffd")   # a character whose bytes are still arriving (byte-level BPE splits them):
-                                        # held back, so streamed text only grows (vLLM holds it back too)
+        return self.tokenizer.decode(seq.prompt_ids[-1:] + seq.output_ids)[len(prefix):]

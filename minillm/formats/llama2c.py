@@ -138,9 +138,19 @@ def load_bin(path) -> Transformer:
     return model.eval()
 
 
+def check_llama2c_model(cfg: ModelConfig, what: str = "llama2.c v0"):
+    """A llama2.c file holds a Llama 2 block and nothing more: refuse what it would silently drop (Qwen's biases
+    and q/k norms, RoPE scaling, a head_dim apart from dim / n_heads)."""
+    if cfg.family != "llama" or cfg.rope_scaling is not None or cfg.q_dim != cfg.dim:
+        raise ValueError(f"{what} holds a Llama 2 block; this model is {cfg.family!r} with rope_scaling="
+                         f"{cfg.rope_scaling}, head_dim x n_heads = {cfg.q_dim} (dim {cfg.dim}), which the file cannot "
+                         f"hold: export it as a Hugging Face folder (minillm export --hf)")
+
+
 def save_bin(model: Transformer, path):
     """Write a v0 .bin that run.c reads. Raises if the model's numerics are not what v0 implies."""
     cfg = model.config
+    check_llama2c_model(cfg)
     if cfg.rope_theta != 10000.0 or cfg.norm_eps != 1e-5:
         raise ValueError(f"llama2.c v0 implies rope_theta=10000 and norm_eps=1e-5; this model has "
                          f"rope_theta={cfg.rope_theta}, norm_eps={cfg.norm_eps}, which run.c would silently ignore")

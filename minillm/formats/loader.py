@@ -126,6 +126,12 @@ def load(model, tokenizer=None, dtype: str = "float32", seed: int = 0):
                          f"Available: {', '.join(available_models())}")
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = load_tokenizer(tokenizer, net.config.vocab_size)
+        if isinstance(tokenizer, HFTokenizer):
+            if tokenizer.vocab_size > net.config.vocab_size:
+                raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is only "
+                                 f"{net.config.vocab_size}: they are not each other's")
+            tokenizer.vocab_size = net.config.vocab_size   # the model's rows past the tokenizer's ids (Qwen2.5 pads
+                                                           # 151,665 to 151,936) are ids no text has
     if tokenizer.vocab_size != net.config.vocab_size and not isinstance(tokenizer, HFTokenizer):
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
                          f"{net.config.vocab_size}")

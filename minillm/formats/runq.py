@@ -21,7 +21,7 @@ import torch
 from ..config import ModelConfig
 from ..llama.linears import Q80Linear, q80_group_size, q80_quantize
 from ..llama.transformer import Transformer
-from .llama2c import check_size, shape_fields
+from .llama2c import check_llama2c_model, check_size, shape_fields
 
 MAGIC, VERSION, HEADER_BYTES = 0x616B3432, 2, 256
 _HEAD = struct.Struct("<Ii7iBi")           # magic, version, 7 config ints, shared flag, group size (offset 37)
@@ -40,6 +40,7 @@ def is_runq(path) -> bool:
 def save_runq(model: Transformer, path, group_size: int | None = None) -> dict:
     """Write `model` (float32) as a runq.c version-2 file. -> {tensor name: max abs quantization error}."""
     cfg = model.config
+    check_llama2c_model(cfg, "a runq.c file")
     if cfg.rope_theta != 10000.0 or cfg.norm_eps != 1e-5:
         raise ValueError(f"runq.c implies rope_theta=10000 and norm_eps=1e-5; this model has "
                          f"rope_theta={cfg.rope_theta}, norm_eps={cfg.norm_eps}")

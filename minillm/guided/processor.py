@@ -130,7 +130,8 @@ def attach(params, tokenizer, prompt_ids: list, max_model_len: int, jump_forward
         raise ValueError(f"{name}: the shortest complete match takes {need} tokens but max_tokens={params.max_tokens}"
                          f" (and max_model_len) leave {budget}: raise max_tokens")
     scored = params.logprobs is not None or (params.best_of or params.n) > params.n   # forced tokens have no logits
-    proc = GuidedProcessor(index, budget, after_bos, jump_forward and not scored, params.stop_token_ids, name)
+    stops = list(params.stop_token_ids) + sorted(getattr(tokenizer, "stop_ids", ()))   # Qwen's <|im_end|>, Llama 3's
+    proc = GuidedProcessor(index, budget, after_bos, jump_forward and not scored, stops, name)  # <|eot_id|> too
     return dataclasses.replace(params, logits_processors=list(params.logits_processors or []) + [proc])
 
 

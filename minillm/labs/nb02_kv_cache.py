@@ -71,6 +71,9 @@ def decode_step_plugged(model, fn):
     """Within the block, every layer of `model` runs fn(q, k, v, k_cache, v_cache, pos, cos, sin) for each single
     new token it is given with a KV cache (decode); prompts still run the engine's code. The model's own
     Attention modules come back afterwards, whatever happens."""
+    if model.config.family != "llama":
+        raise ValueError(f"decode_step_plugged computes a Llama 2 block's q, k, v; this model is "
+                         f"{model.config.family!r} (biases or q/k norms the student's step would leave out)")
     S = model.config.max_seq_len
     model.ensure_rope(S)
     dtype = model.tok_embeddings.weight.dtype
