@@ -30,6 +30,7 @@ MOVED = {
     # plug-ins that left the minimal engine (core/): each imports core, core never imports it
     "minillm.core.beam": "minillm.decoding.beam", "minillm.core.radix": "minillm.scheduling.radix",
     "minillm.core.orders": "minillm.scheduling.orders", "minillm.core.kv_eviction": "minillm.kv_eviction.policies",
+    "minillm.llama.lora": "minillm.lora.adapters", "minillm.llama.moe": "minillm.moe.experts",
     "minillm.bench.workload": "minillm.workload",   # a lower layer that bench, cluster and labs share
 }
 SPLIT = {

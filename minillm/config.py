@@ -279,7 +279,7 @@ class EngineConfig:
     speculative: Optional[dict] = None
     sparsity: Optional[dict] = None
     kv_eviction: Optional[dict] = None
-    enable_lora: bool = False           # LoRA adapters per request (minillm.llama.lora): generate(..., lora=name)
+    enable_lora: bool = False           # LoRA adapters per request (minillm.lora.adapters): generate(..., lora=name)
     max_loras: int = 4                  # adapters resident at once (vLLM's name)
     max_lora_rank: int = 16             # the largest adapter rank accepted (vLLM's name)
     tensor_parallel_size: int = 1       # ranks splitting every layer (minillm.parallel, torch.distributed)

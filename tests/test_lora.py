@@ -1,4 +1,4 @@
-"""The LoRA op (minillm.llama.lora): rows grouped per adapter == Punica's BGMV reference (each row gathers its own
+"""The LoRA op (minillm.lora.adapters): rows grouped per adapter == Punica's BGMV reference (each row gathers its own
 adapter) == the merged weight W + s B A; a model whose rows use different adapters == each adapter's merged model;
 the slot manager's LRU; training's single slot."""
 import pytest
@@ -8,7 +8,7 @@ from close import assert_close
 
 from minillm.formats.peft import load_adapter, save_adapter
 from minillm.llama.linears import Int8Linear
-from minillm.llama.lora import (
+from minillm.lora.adapters import (
     MODULES,
     LoRAAdapter,
     LoRAContext,
@@ -156,7 +156,7 @@ def test_training_slot_starts_at_the_base_and_trains_only_a_and_b(tiny64, tmp_pa
 
 @pytest.mark.parametrize("field,value", [("rank", 9), ("A", (4, 63)), ("B", (127, 4)), ("layer", 2)])
 def test_check_adapter_names_the_shape_that_differs(tiny64, field, value):
-    from minillm.llama.lora import check_adapter
+    from minillm.lora.adapters import check_adapter
     model, _ = tiny64
     a = random_adapter(model.config, 4, 0, modules=("attention.wq",))
     if field == "rank":
@@ -177,7 +177,7 @@ def test_check_adapter_names_the_shape_that_differs(tiny64, field, value):
 
 
 def test_a_rank_above_the_layer_is_refused(tiny64):
-    from minillm.llama.lora import check_adapter
+    from minillm.lora.adapters import check_adapter
     model, _ = tiny64
     a = random_adapter(model.config, 65, 0, modules=("attention.wk",))     # wk is (32, 64): r <= 32
     with pytest.raises(ValueError, match=r"rank r=65, larger than layer 0 wk \(32 x 64\)"):

@@ -6,7 +6,7 @@ import pytest
 from test_lora import random_adapter
 
 from minillm import LLM, SamplingParams
-from minillm.llama.lora import MODULES, merge_lora
+from minillm.lora.adapters import MODULES, merge_lora
 
 PROMPTS = ["The cat sat on the mat and then", "Once upon a time", "A dog barked at the moon", "To be or not",
            "The cat sat on the mat and then"]

@@ -12,7 +12,7 @@ from test_lora import random_adapter
 
 from minillm.formats.hf import pairs_to_hf
 from minillm.formats.peft import CONFIG, WEIGHTS, load_adapter, save_adapter
-from minillm.llama.lora import MODULES, attach_lora, load_slot, merge_lora
+from minillm.lora.adapters import MODULES, attach_lora, load_slot, merge_lora
 
 
 def test_save_and_load_round_trip_with_q_and_k_rows_in_hf_layout(tiny64, tmp_path):

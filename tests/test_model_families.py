@@ -295,7 +295,7 @@ def test_a_peft_lora_made_by_peft_itself_serves_as_peft_computes(built, family, 
     from peft import LoraConfig, get_peft_model
 
     from minillm.formats.peft import load_adapter
-    from minillm.llama.lora import attach_lora, load_slot
+    from minillm.lora.adapters import attach_lora, load_slot
     folder, hf = built[family]
     torch.manual_seed(2)
     peft_model = get_peft_model(copy.deepcopy(hf), LoraConfig(r=4, lora_alpha=8, target_modules=[

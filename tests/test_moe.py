@@ -1,4 +1,4 @@
-"""The MoE layer (minillm.llama.moe): routing, per-expert dispatch against a per-token reference, the upcycling
+"""The MoE layer (minillm.moe.experts): routing, per-expert dispatch against a per-token reference, the upcycling
 identity (all experts active, weight 1 each == the dense model), partitions, statistics and the Switch loss."""
 import copy
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minillm.formats.loader import random_model
-from minillm.llama.moe import (
+from minillm.moe.experts import (
     MoEConfig,
     MoEFeedForward,
     aux_loss,

@@ -19,7 +19,7 @@ from minillm.bench.moe import (
 from minillm.config import ModelConfig
 from minillm.formats.llama2c import save_bin
 from minillm.formats.loader import random_model
-from minillm.llama.moe import MoEConfig, moe_layers, upcycle
+from minillm.moe.experts import MoEConfig, moe_layers, upcycle
 from minillm.training.moe import MOE_PRESETS, finetune, main, prune_ffn
 from minillm.training.train import TrainConfig
 

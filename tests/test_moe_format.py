@@ -13,7 +13,7 @@ from minillm.backends.capabilities import CAPABILITIES, check_model
 from minillm.formats.llama2c import save_bin
 from minillm.formats.loader import MODELS_DIR, random_model
 from minillm.formats.moe import load_moe, read_metadata, save_moe
-from minillm.llama.moe import MoEConfig, moe_config, moe_layers, upcycle
+from minillm.moe.experts import MoEConfig, moe_config, moe_layers, upcycle
 
 
 @pytest.fixture(scope="module")

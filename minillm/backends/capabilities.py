@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from ..config import DTYPES, QUANTIZATION_SCHEMES, EngineConfig, sparsity_pattern
 from ..llama.linears import Int4Linear, Int8Linear, Q80Linear, W8A8Linear
-from ..llama.moe import moe_layers
+from ..moe.experts import moe_layers
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class Capability:
     sparsity: tuple = ("unstructured", "n:m")  # EngineConfig.sparsity patterns: unstructured and N:M are dense weights
                                    # with zeros (any backend); "2:4" is Sparse24Linear (values + 2-bit indices)
     kv_eviction: tuple = ()        # kv_eviction methods (keys stored before RoPE, attention probabilities kept)
-    lora: bool = False             # enable_lora: per-row adapters in the linears (minillm.llama.lora)
-    moe: bool = False              # mixture-of-experts FFNs (minillm.llama.moe: a router, experts dispatched per token)
+    lora: bool = False             # enable_lora: per-row adapters in the linears (minillm.lora.adapters)
+    moe: bool = False              # mixture-of-experts FFNs (minillm.moe.experts: a router, experts dispatched per token)
     parallel: tuple = ()           # tensor_parallel_size / pipeline_parallel_size > 1 (minillm.parallel): "tensor",
                                    # "pipeline"
     families: tuple = ("llama", "qwen2", "qwen3")   # ModelConfig.family: Llama (2, 3.x with its RoPE scaling,

@@ -35,7 +35,7 @@ def bench_lora(model: str = "shakespeare", adapters=SHIPPED, seqs: int = 32, pro
     from ..engine.llm import LLM
     from ..formats.loader import load
     from ..formats.peft import load_adapter
-    from ..llama.lora import LoRAAdapter, merge_lora
+    from ..lora.adapters import LoRAAdapter, merge_lora
     base, tok = load(model)
     ads = [a if isinstance(a, LoRAAdapter) else load_adapter(a, base.config) for a in adapters]
     prompts = prompts_from_slice(tok, seqs, prompt_tokens)

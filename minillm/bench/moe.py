@@ -21,7 +21,7 @@ from ..core.sampling import SamplingParams
 from ..engine.llm import LLM
 from ..formats.held_out import evaluate, held_out_windows
 from ..formats.loader import MODELS_DIR, load
-from ..llama.moe import compute_vs_params, expert_load, load_imbalance, moe_config, moe_layers, reset_stats
+from ..moe.experts import compute_vs_params, expert_load, load_imbalance, moe_config, moe_layers, reset_stats
 
 
 def _moe_of(model):

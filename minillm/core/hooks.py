@@ -5,7 +5,7 @@ is on; a feature is an object with the same methods, given to the engine's parts
 (minillm.engine.parts.prepare). Nothing here changes what a step computes.
 
     NoEviction     the KV cache keeps every token (kv_eviction=None); minillm.kv_eviction's policies replace it
-    NoAdapters     every row runs the base model (enable_lora=False); minillm.llama.lora.LoRASlots replaces it
+    NoAdapters     every row runs the base model (enable_lora=False); minillm.lora.adapters.LoRASlots replaces it
     NoSwap         preemption recomputes (no swap space); minillm.llama.kv_cache.SwapSpace replaces it
     VerdictStep    what acts on a step's verdicts after the acceptance rule (logprobs, jump-forward, beam search)
 """

@@ -70,7 +70,7 @@ class ModelRunner:
         self.model, self.kv = model, kv
         self.hidden = hidden        # also return hidden states (a proposer reads them: Medusa)
         self.eviction = eviction    # kv_eviction: keys before RoPE, the window, H2O's scores (minillm.core.hooks)
-        self.lora = lora            # enable_lora: each row's adapter slot in the linears (minillm.llama.lora)
+        self.lora = lora            # enable_lora: each row's adapter slot in the linears (minillm.lora.adapters)
         self.swap = swap                # preemption_mode "swap": the host copy of swapped-out blocks (or NoSwap)
 
     def move_blocks(self, batch: ScheduledBatch):

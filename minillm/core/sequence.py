@@ -65,7 +65,7 @@ class Sequence:
         self.metrics = RequestMetrics(arrival_time)
         self.priority = 0             # scheduling_policy "priority": lower is served first (vLLM)
         self.client = None            # who sent it (scheduling_policy "fair" keeps one counter per client)
-        self.lora = None              # its LoRA adapter (minillm.llama.lora.LoRAAdapter), or None: the base model
+        self.lora = None              # its LoRA adapter (minillm.lora.adapters.LoRAAdapter), or None: the base model
 
     @property
     def token_ids(self) -> list[int]:

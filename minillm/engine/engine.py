@@ -133,7 +133,7 @@ class LLMEngine:
         return self.enqueue(self.make_request(prompt, params, request_id, arrival_time, priority, client, lora))
 
     def lora_adapter(self, lora):
-        """lora= of a request -> None or its LoRAAdapter (minillm.llama.lora), read on first use by the parts' loader
+        """lora= of a request -> None or its LoRAAdapter (minillm.lora.adapters), read on first use by the parts' loader
         (a shipped name or a PEFT directory). ValueError for an unknown or unfit adapter, or without enable_lora."""
         return self.parts.lora.get(lora)
 

@@ -46,7 +46,7 @@ class Parts:
     quant_report: Optional[dict] = None
     backend_choice: str = ""        # which backend runs the forward, and why (backend="auto" says what it skipped)
     sparsity_report: Optional[dict] = None  # minillm.quantization.prune's: zeros per layer, bytes
-    lora: Any = field(default_factory=NoAdapters)     # enable_lora: the model's adapter slots (llama.lora.LoRASlots)
+    lora: Any = field(default_factory=NoAdapters)     # enable_lora: the model's adapter slots (lora.adapters.LoRASlots)
     eviction: Any = field(default_factory=NoEviction)  # kv_eviction: who leaves the cache (minillm.kv_eviction)
 
 
@@ -154,7 +154,7 @@ def _lora_slots(model, config: EngineConfig):
     from functools import partial
 
     from ..formats.peft import load_adapter
-    from ..llama.lora import LoRASlots, attach_lora
+    from ..lora.adapters import LoRASlots, attach_lora
     model = attach_lora(model, config.max_loras, config.max_lora_rank)
     loader = partial(load_adapter, model_config=model.config, max_rank=config.max_lora_rank)
     return model, LoRASlots(model, config.max_loras, config.max_lora_rank, loader)

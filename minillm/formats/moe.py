@@ -19,7 +19,7 @@ import struct
 import torch
 
 from ..config import ModelConfig
-from ..llama.moe import MoEConfig, attach_moe, moe_config, moe_layers
+from ..moe.experts import MoEConfig, attach_moe, moe_config, moe_layers
 from ..llama.transformer import Transformer
 from .llama2c import load_bin
 

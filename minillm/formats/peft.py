@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from ..config import ModelConfig
-from ..llama.lora import MODULES, LoRAAdapter, check_adapter
+from ..lora.adapters import MODULES, LoRAAdapter, check_adapter
 from ..paths import MODELS_DIR
 from .hf import _NAMES, hf_to_pairs, pairs_to_hf
 

@@ -49,7 +49,7 @@ def _same_run(got, want, what: str, prompts=PROMPTS):
 def check_moe_params(fn):
     """fn(dim, n_experts, expert_hidden, top_k) -> (stored, active): the parameters one MoE layer stores (E SwiGLU
     experts of expert_hidden units, and the router) and those one token's forward uses (its k experts + the router)."""
-    from ..llama.moe import MoEConfig, MoEFeedForward
+    from ..moe.experts import MoEConfig, MoEFeedForward
     for C, E, He, k in ((256, 4, 192, 2), (64, 8, 16, 1), (96, 6, 40, 3), (32, 4, 8, 4)):
         stored = sum(p.numel() for p in MoEFeedForward(C, MoEConfig(E, k, He)).parameters())
         expert, router = 3 * C * He, C * E
@@ -71,7 +71,7 @@ def check_moe_params(fn):
 # ---------------------------------------------------------------------------- MoE: the router (core)
 def _reference_route(logits, top_k, gate_scale):
     """The package's route() on these logits: a layer whose router is the identity."""
-    from ..llama.moe import MoEConfig, MoEFeedForward
+    from ..moe.experts import MoEConfig, MoEFeedForward
     N, E = logits.shape
     layer = MoEFeedForward(E, MoEConfig(E, top_k, 1, gate_scale=gate_scale)).to(logits.dtype)
     with torch.no_grad():
@@ -153,7 +153,7 @@ def _moe_engine(route=None):
     """The tiny model upcycled to 4 experts of 48, top-2, with a router that spreads its choices -> its LLM (float64).
     route: None (the package's), or the reader's fn(logits, top_k, gate_scale) put into every layer."""
     from ..engine.llm import LLM
-    from ..llama.moe import MoEConfig, moe_layers, upcycle
+    from ..moe.experts import MoEConfig, moe_layers, upcycle
     model, tok = _tiny64()
     upcycle(model, MoEConfig(4, 2, model.config.hidden_dim // 4), router_init="random", seed=1)
     g = torch.Generator().manual_seed(2)
@@ -180,7 +180,7 @@ def _plugged_route(layer, fn):
 def check_route_top_k(fn):
     """fn(logits (N, E), top_k, gate_scale) -> (experts (N, k) long, gates (N, k)): each token's top_k experts by
     router probability (softmax over the E experts), their probabilities renormalised to sum to 1, times gate_scale."""
-    from ..llama.moe import expert_load
+    from ..moe.experts import expert_load
     _diagnose_route(fn)
     ref = _moe_engine()
     want = _greedy(ref)
@@ -202,7 +202,7 @@ def check_lora_bytes(fn):
     """fn(cfg: ModelConfig, rank, modules: list of names like "attention.wq", bytes_per_param) -> the bytes of one
     LoRA adapter of that rank on those linears of every layer: A (r, K) and B (N, r) for each (N, K) linear."""
     from ..config import ModelConfig
-    from ..llama.lora import MODULES, LoRAAdapter, module_shapes
+    from ..lora.adapters import MODULES, LoRAAdapter, module_shapes
     shipped = ModelConfig(dim=256, hidden_dim=768, n_layers=8, n_heads=4, n_kv_heads=2, vocab_size=4096)
     other = ModelConfig(dim=96, hidden_dim=160, n_layers=3, n_heads=6, n_kv_heads=3, vocab_size=512)
     for cfg, r, mods, b in ((shipped, 8, list(MODULES), 4), (shipped, 8, list(MODULES), 2),
@@ -321,7 +321,7 @@ def _diagnose_lora(fn):
 
 def _lora_adapters(cfg):
     """Three adapters of ranks 2, 4, 8 on every linear, large random A and B (a trained adapter starts at B = 0)."""
-    from ..llama.lora import MODULES, LoRAAdapter, module_shapes
+    from ..lora.adapters import MODULES, LoRAAdapter, module_shapes
     shapes, out = module_shapes(cfg), []
     for name, r, alpha, seed in (("a", 4, 8.0, 1), ("b", 8, 12.0, 2), ("c", 2, 5.0, 3)):
         g = torch.Generator().manual_seed(seed)
@@ -364,7 +364,7 @@ def check_lora_linear(fn):
     """fn(x (M, K), W (N, K), slots (M,) long, adapters {slot: (A (r, K), B (N, r), alpha)}) -> y (M, N):
     y = x W^T, plus (alpha / r) (x A^T) B^T on the rows of each adapter (slot -1: none), rows grouped by adapter."""
     from ..engine.llm import LLM
-    from ..llama.lora import lora_linears, merge_lora
+    from ..lora.adapters import lora_linears, merge_lora
     _diagnose_lora(fn)
     model, tok = _tiny64()
     ads = _lora_adapters(model.config)

@@ -44,7 +44,7 @@ import torch
 
 from ..formats.llama2c import load_bin
 from ..formats.peft import HF_NAME, LORA_DIR, load_adapter, save_adapter
-from ..llama.lora import MODULES, LoRAAdapter, attach_lora, lora_linears
+from ..lora.adapters import MODULES, LoRAAdapter, attach_lora, lora_linears
 from ..progress import progress
 from ..threads import auto_threads, use_threads
 from .train import TrainConfig, eval_windows, evaluate, get_batch, lr_at
@@ -206,7 +206,7 @@ def train_lora(base_path: str, genre: str, out_dir: str, tc: TrainConfig, rank: 
 def slice_losses(base, adapters: dict, texts: dict, tokenizer, seq_len: int = EVAL_LEN) -> dict:
     """Held-out loss (nats/token, every whole window of seq_len) of the base and of each adapter (merged) on each
     text. adapters: name -> LoRAAdapter; texts: slice -> str or token ids. -> {"base" | name: {slice: loss}}."""
-    from ..llama.lora import merge_lora
+    from ..lora.adapters import merge_lora
     windows = {}
     for s, t in texts.items():
         ids = np.asarray(tokenizer.encode(t, bos=True, eos=False) if isinstance(t, str) else t)

@@ -4,7 +4,7 @@
 Presets (MOE_PRESETS), all started from the trained dense model, all training the feed-forward layers only (every
 other weight frozen, so the MoE file need store nothing else), all on the same batches (one seed) and schedule:
   shakespeare-moe      each FFN (hidden 768) split into 4 experts of 192 units, clustered by co-activation on
-                       calibration text (minillm.llama.moe.cluster_partition), routers fitted there to the experts
+                       calibration text (minillm.moe.experts.cluster_partition), routers fitted there to the experts
                        each token needs most (router_init "fit"), top-2 routing; experts + routers train
   shakespeare-ffn384   dense at equal ACTIVE parameters per token: the FFN cut to the 384 hidden units that matter
                        most on calibration text (mean |activation| x |w2 column|), i.e. two experts' worth
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..formats.llama2c import load_bin, save_bin
 from ..formats.moe import save_moe
-from ..llama.moe import (
+from ..moe.experts import (
     ROUTER_INITS,
     MoEConfig,
     aux_loss,
@@ -191,7 +191,7 @@ def finetune(model, params, train_ids, val_ids, tc: TrainConfig, aux_coef: float
 def routing_diagnostics(model, x, y) -> dict:
     """Val loss of an MoE under other routings, to tell the router's error from the experts' capacity:
     "learned" (its own top-k), "all_experts" (every expert at weight 1: the dense FFN its experts now add up to),
-    "oracle" (weight 1 on minillm.llama.moe.best_experts, per token and layer: what a router would ideally pick,
+    "oracle" (weight 1 on minillm.moe.experts.best_experts, per token and layer: what a router would ideally pick,
     greedily layer by layer) and "random" (k experts uniformly, weight 1). x, y: (N, T) windows."""
     layers = moe_layers(model)
     E, k = layers[0].cfg.n_experts, layers[0].cfg.top_k

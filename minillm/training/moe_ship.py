@@ -15,7 +15,7 @@ import numpy as np
 from ..formats.held_out import held_out_windows
 from ..formats.loader import load
 from ..formats.moe import load_moe
-from ..llama.moe import compute_vs_params
+from ..moe.experts import compute_vs_params
 from ..paths import MODELS_DIR
 from .moe import MOE_PRESETS, routing_diagnostics
 from .train import eval_windows, evaluate
@@ -79,8 +79,8 @@ def card_section(e: dict, dense_val: float) -> list:
     lines = ["## Mixture of experts: `shakespeare-moe`", "",
              f"`shakespeare.bin` upcycled (Komatsuzaki et al. 2023): each FFN's 768 hidden units split into "
              f"{m['n_experts']} experts of {m['expert_hidden']} ({m['partition']}: grouped by co-activation on 4,096 "
-             f"calibration tokens, minillm.llama.moe.cluster_partition), a router per layer (initialised "
-             f"'{e['router_init']}', minillm.llama.moe.upcycle), top-{m['top_k']} routing (gates renormalised over "
+             f"calibration tokens, minillm.moe.experts.cluster_partition), a router per layer (initialised "
+             f"'{e['router_init']}', minillm.moe.experts.upcycle), top-{m['top_k']} routing (gates renormalised over "
              f"the chosen {m['top_k']}, as Mixtral, times {m['gate_scale']:g}), then experts and routers fine-tuned "
              "with every other weight frozen. "
              f"`shakespeare-moe.safetensors` ({e['file_bytes'] / 1e6:.2f} MB) holds only routers and experts in fp16; "
@@ -140,7 +140,7 @@ def verdict(e: dict) -> list:
     c, d = e.get("init_by_partition"), e.get("routing_after_training")
     if c:
         out.append(f"Before training (top-2, {c['windows']} val windows; dense {c['dense']:.4f}): " + ", ".join(
-            f"{k} {v:.4f}" for k, v in c.items() if "/" in k) + " (oracle: minillm.llama.moe.best_experts).")
+            f"{k} {v:.4f}" for k, v in c.items() if "/" in k) + " (oracle: minillm.moe.experts.best_experts).")
     if d:
         out.append(f"After training, on the same windows: learned router {d['learned']:.4f}, oracle "
                    f"{d['oracle']:.4f}, every expert at weight 1 {d['all_experts']:.4f}, random top-2 "
