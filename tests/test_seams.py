@@ -329,3 +329,24 @@ def test_a_sample_swapped_out_after_its_copy_on_write_was_planned_keeps_its_kv()
     run_schedule(reqs, 16, "chunked", False, 5, "swap", 0, policy=Chunked(NewestFirst()),
                  inject=lambda engine, model: counts.append(count_preempted_rows(engine)))
     assert counts[0]["with a row"] > 0, counts
+
+
+# ---------------------------------------------------------------- post-processors as plug-ins
+def test_post_processors_join_the_step_when_a_request_first_needs_them(tiny, reference):
+    """A plain greedy batch runs no post-processor; a logprobs request switches Logprobs on (and only it), a guided
+    one JumpForward, a beam request BeamStep; each stays on, and the plain requests' tokens do not change."""
+    from minillm.core.logprobs import Logprobs
+    from minillm.decoding.beam import BeamStep
+    from minillm.guided import JumpForward
+    model, tok = tiny
+    llm = LLM(model, tokenizer=tok, dtype="float64")
+    e = llm.engine
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference and e.post == []
+    out = llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2))
+    assert [type(s) for s in e.post] == [Logprobs] and len(out[0].outputs[0].logprobs) == 4
+    llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4, guided_choice=["yes", "no"]))
+    llm.engine.enqueue(e.make_beam_request(PROMPTS[1], 2, 4))
+    while e.has_unfinished_requests():
+        e.step()
+    assert [type(s) for s in e.post] == [Logprobs, JumpForward, BeamStep]
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference

@@ -144,8 +144,9 @@ def import_sequence(engine, h: KVHandover) -> Optional[Sequence]:
     seq.priority, seq.client = h.priority, h.client
     seq.num_computed, seq.status = h.num_computed, Status.RUNNING
     bm.mark_computed(seq)                            # with prefix caching, its full blocks become reusable here too
-    engine.requests[h.request_id] = Request(h.request_id, h.prompt, list(h.prompt_ids), h.params,
-                                            h.metrics.arrival_time, [seq])
+    request = Request(h.request_id, h.prompt, list(h.prompt_ids), h.params, h.metrics.arrival_time, [seq])
+    engine.requests[h.request_id] = request
+    engine.use_steps(request)                        # logprobs or a guided pattern go on in this engine
     sched.running.append(seq)
     return seq
 

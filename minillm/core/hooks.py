@@ -85,7 +85,12 @@ class VerdictStep:
       on_verdicts    inside the step's transaction: edits the verdicts only (a failed step discards them);
       before_update  after the transaction, before the scheduler's update: may change what the scheduler holds
                      (beam search finishes pruned beams and queues forks: nothing a rollback could undo);
-      on_update      after the update: sees what it really appended."""
+      on_update      after the update: sees what it really appended.
+    The engine runs a post-processor only once a request `wants` it (LLMEngine.use_steps)."""
+
+    def wants(self, request) -> bool:
+        """Does this request need the post-processor? (True unless a subclass knows better)"""
+        return True
 
     def on_verdicts(self, batch, out, verdicts: list):
         pass

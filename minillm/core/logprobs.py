@@ -85,6 +85,9 @@ class Logprobs(VerdictStep):
     """logprobs=k, prompt_logprobs=k and best_of's scores: computed from the step's logits after verification,
     kept after the update for what it appended."""
 
+    def wants(self, request) -> bool:
+        return scored(request.params) or request.params.prompt_logprobs is not None
+
     def on_verdicts(self, batch: ScheduledBatch, out, verdicts: list):
         rows = [(r.seq, logits, v) for r, logits, v in zip(batch.rows, out.logits, verdicts) if r.completes]
         rows += [(child, out.logits[i][:1], v) for (i, child), v in zip(batch.forks, verdicts[len(batch.rows):])]

@@ -372,6 +372,9 @@ class BeamStep(VerdictStep):
     def __init__(self, scheduler):
         self.scheduler = scheduler
 
+    def wants(self, request) -> bool:
+        return request.beam is not None
+
     def before_update(self, batch, out, verdicts: list):
         if self.scheduler.groups:
             batch.pruned = beam_step(self.scheduler, batch, out, verdicts)

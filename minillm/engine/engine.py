@@ -59,7 +59,8 @@ class LLMEngine:
                                    slots=self.proposer.num_slots, eviction=self.eviction, lora=parts.lora)
         self.runner = ModelRunner(parts.forward, self.kv, parts.swap, hidden=self.proposer.needs_hidden,
                                   eviction=self.eviction, lora=parts.lora)
-        self.post = [Logprobs(), JumpForward(), BeamStep(self.scheduler)]   # after verify, in this order
+        self.steps = [Logprobs(), JumpForward(), BeamStep(self.scheduler)]  # post-processors, in this order
+        self.post: list = []    # those a request so far has needed (use_steps): a plain greedy batch runs none
         self.trace = Trace(self.config.trace, block_bytes=self.kv.nbytes // self.kv.num_blocks,
                            block_size=self.kv.block_size)
         self.requests: dict[str, Request] = {}
@@ -111,7 +112,14 @@ class LLMEngine:
         self.requests[request.request_id] = request
         self.scheduler.add(request.seqs)
         request.join(self.scheduler.groups)       # a beam request's group runs and leaves whole
+        self.use_steps(request)
         return request.request_id
+
+    def use_steps(self, request: Request):
+        """The post-processors `request` needs (VerdictStep.wants: logprobs, a guided pattern, beams) join the
+        step, in self.steps' order, and stay: a post-processor is a plug-in switched on by the first request that
+        uses it."""
+        self.post = [s for s in self.steps if s in self.post or s.wants(request)]
 
     def make_beam_request(self, prompt, beam_width: int, max_tokens: int, *, length_penalty: float = 1.0,
                           ignore_eos: bool = False, request_id: Optional[str] = None,

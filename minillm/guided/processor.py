@@ -152,6 +152,9 @@ class JumpForward:
     below core, so it does not import the class): after verification, each row that emitted tokens also emits the
     tokens its pattern forces next, without computing them."""
 
+    def wants(self, request) -> bool:
+        return processor_of(request.params) is not None
+
     def on_verdicts(self, batch, out, verdicts: list):
         seqs = [r.seq for r in batch.rows] + [child for _, child in batch.forks]
         for seq, v in zip(seqs, verdicts):
