@@ -71,6 +71,22 @@ def test_engine_on_numba_matches_torch_and_is_batch_independent(tiny):
     assert together == [o.token_ids for o in LLM(model, tokenizer=tok, block_size=4).generate(prompts, greedy)]
 
 
+def test_the_numba_runner_step_hands_numpy_through_and_tensors_on_demand(tiny):
+    """The runner gives the numba forward its numpy index arrays and keeps the numpy logits it returns (`raw`):
+    a greedy step makes no torch tensor. `out.logits` (what logprobs, beams and sampling read) are torch views of
+    the same values; a direct call with torch tensors still returns torch."""
+    import numpy as np
+    model, tok = tiny
+    e = LLM(model, tokenizer=tok, backend="numba", block_size=4).engine
+    e.add_request("Hamlet", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    e.step()
+    batch = e.scheduler.schedule(False)
+    out = e.runner.run(batch, None)
+    assert type(out.raw[0]) is np.ndarray and out.raw[0].shape == (1, model.config.vocab_size)
+    assert torch.equal(out.logits[0], torch.from_numpy(out.raw[0]))
+    assert e.runner.index_arrays is tuple and type(out.logits[0]) is torch.Tensor
+
+
 def test_numba_backend_refuses_other_dtypes(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="backend='numba' does not run dtype='float64' yet; backends that do: torch"):

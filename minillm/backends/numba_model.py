@@ -17,6 +17,7 @@ torch backend does not promise that.
 from __future__ import annotations
 
 import time
+import weakref
 
 import numba
 import numpy as np
@@ -145,22 +146,31 @@ def qk_norms(a) -> np.ndarray:
 
 def ints(t) -> np.ndarray:
     """A torch tensor, array or list of indices as the compiled forward takes them: contiguous int64 numpy
-    (a view, when it already is one)."""
+    (a view, when it already is one; the runner's arrays as they are)."""
+    if type(t) is np.ndarray and t.dtype == np.int64 and t.flags.c_contiguous:
+        return t
     return np.ascontiguousarray(t.numpy() if isinstance(t, torch.Tensor) else np.asarray(t), dtype=np.int64)
 
 
+_POOLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # KVCache -> its pools(), made once
+
+
 def pools(kv) -> tuple:
-    """A KVCache's pools as forward_rows takes them: (k, v, k_scale, v_scale) numpy views, float or int8."""
-    if kv.quantized:
-        return kv.k.numpy(), kv.v.numpy(), kv.k_scale.numpy(), kv.v_scale.numpy()
-    empty = np.zeros((kv.k.shape[0], 0, 0, 0), np.float32)            # (L, 0, 0, 0): indexable by layer
-    return kv.k.numpy(), kv.v.numpy(), empty, empty
+    """A KVCache's pools as forward_rows takes them: (k, v, k_scale, v_scale) numpy views, float or int8. Made once
+    per cache (its tensors are written in place, never replaced), since each view is a torch call every step."""
+    if kv not in _POOLS:
+        empty = np.zeros((kv.k.shape[0], 0, 0, 0), np.float32)        # (L, 0, 0, 0): indexable by layer
+        scales = (kv.k_scale.numpy(), kv.v_scale.numpy()) if kv.quantized else (empty, empty)
+        _POOLS[kv] = (kv.k.numpy(), kv.v.numpy(), *scales)
+    return _POOLS[kv]
 
 
 class NumbaTransformer(nn.Module):
     """Runs `model`'s weights through forward_rows. The weights are copied once into llama2.c's
     layer-stacked layout (one (L, out, in) weight per matrix kind, q|k|v and w1|w3 fused), float32 or quantized
-    (int8, int4, Q8_0, W8A8: minillm.backends.numba_linears)."""
+    (int8, int4, Q8_0, W8A8: minillm.backends.numba_linears). The engine's runner hands it numpy index arrays
+    as it builds them (index_arrays: no torch tensors made, none read back)."""
+    index_arrays = staticmethod(tuple)
 
     def __init__(self, model: Transformer):
         super().__init__()
@@ -223,9 +233,9 @@ class NumbaTransformer(nn.Module):
     def forward(self, tokens, positions, kv=None, attn=None, rows=None, return_hidden: bool = False):
         """The serving interface of Transformer.forward: tokens, positions (B, T) (RoPE positions) -> logits
         (N, V) [, final-normed hidden states (N, C)] at the flat token indices `rows` (default: each row's last
-        token). Causality follows the cache positions in attn (attn.positions), which differ from the RoPE
-        positions for Medusa's tree (node i is cached at end + i but rotated at end + depth), and
-        attn.tree_mask restricts which new tokens each sees."""
+        token): torch in, torch out; the runner's numpy index arrays in, numpy logits out. Causality follows the
+        cache positions in attn (attn.positions), which differ from the RoPE positions for Medusa's tree (node i is
+        cached at end + i but rotated at end + depth), and attn.tree_mask restricts which new tokens each sees."""
         if kv is None or attn is None:
             raise ValueError("backend='numba' serves from the KV cache: pass kv and AttentionMetadata")
         B, T = tokens.shape
@@ -250,6 +260,8 @@ class NumbaTransformer(nn.Module):
             torch.set_num_threads(threads)
         self.timing[0] += time.perf_counter() - t0
         self.timing[1] += 1
+        if type(rows) is not np.ndarray:          # torch in, torch out; the runner's numpy rows: numpy logits
+            logits = torch.from_numpy(logits)                                    # (N, V)
         if return_hidden:
-            return torch.from_numpy(logits), torch.from_numpy(hidden)            # (N, V), (N, C)
-        return torch.from_numpy(logits)                                          # (N, V)
+            return logits, torch.from_numpy(hidden)                              # (N, V), (N, C)
+        return logits                                                            # (N, V)

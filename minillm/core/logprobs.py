@@ -77,7 +77,7 @@ def prompt_entries(row: Row, first: int, logits: torch.Tensor) -> tuple[int, lis
     """logits (n, V) at prompt positions first .. first + n - 1 -> (first, the dicts for tokens first + 1 ..)."""
     seq = row.seq
     tokens = seq.prompt_ids[first + 1:first + 1 + logits.shape[0]]
-    return first, entries(logits, tokens, seq.params.prompt_logprobs)
+    return first, entries(torch.as_tensor(logits), tokens, seq.params.prompt_logprobs)
 
 
 # ---------------------------------------------------------------------------- the engine's post-processor

@@ -30,9 +30,19 @@ from .logprobs import prompt_rows
 
 @dataclass
 class RunnerOutput:
-    logits: list                    # per row: (n, V) at its newest token and each draft, or None
+    raw: list                       # per row: (n, V) at its newest token and each draft, or None, as the backend
+                                    # gave them: torch, or numpy from one that takes index_arrays (numba)
     hidden: Optional[list] = None   # per row: (n, C) the final-normed hidden states there (when asked for)
     prompt_logits: Optional[list] = None   # per row: (first prompt position, logits (n, V)) for prompt_logprobs
+    _logits: Optional[list] = None
+
+    @property
+    def logits(self) -> list:
+        """per row: (n, V) torch tensors (views of numpy ones: no copy), made on first use. The common greedy row
+        reads `raw` (verify's argmax takes either), so a step of such rows makes no tensor at all."""
+        if self._logits is None:
+            self._logits = [x if x is None else torch.as_tensor(x) for x in self.raw]
+        return self._logits
 
 
 @dataclass
@@ -45,9 +55,11 @@ class Query:
     prompt: list = field(default_factory=list)   # then these: prompt positions prompt_logprobs needs scored
 
 
-def longs(values: list) -> torch.Tensor:
-    """A list of ints as an int64 tensor (through numpy: a third of torch.tensor's cost on a short list)."""
-    return torch.from_numpy(np.array(values, np.int64))
+def as_tensors(arrays) -> list:
+    """The runner's int64 index arrays as the torch tensors the backends take (views: no copy). A backend that
+    reads numpy (the numba forward) says so with an `index_arrays` attribute of its own, and gets them as they
+    are: a torch call per array costs microseconds each step, more once the forward has evicted the caches."""
+    return [torch.from_numpy(a) for a in arrays]
 
 
 def build_query(row: Row, draft: Optional[Draft]) -> Query:
@@ -72,6 +84,7 @@ class ModelRunner:
         self.eviction = eviction    # kv_eviction: keys before RoPE, the window, H2O's scores (minillm.core.hooks)
         self.lora = lora            # enable_lora: each row's adapter slot in the linears (minillm.lora.adapters)
         self.swap = swap                # preemption_mode "swap": the host copy of swapped-out blocks (or NoSwap)
+        self.index_arrays = getattr(model, "index_arrays", as_tensors)   # numpy int64 arrays -> what model takes
 
     def move_blocks(self, batch: ScheduledBatch):
         """The block moves the scheduler decided: swaps first (a swap-in may read a swap block that a swap-out of
@@ -96,7 +109,7 @@ class ModelRunner:
     def _forward(self, rows: list, queries: list, index: list, out: RunnerOutput):
         B, T = len(rows), max(len(q.tokens) for q in queries)
         M = max(len(r.seq.block_table) for r in rows)
-        tok, pos, slot, rope, tab = [], [], [], [], []    # flat lists, padded row by row: one tensor each below
+        tok, pos, slot, rope, tab = [], [], [], [], []    # flat lists, padded row by row: one array below
         trees = any(q.mask is not None for q in queries)
         mask = torch.ones(B, T, T, dtype=torch.bool) if trees else None  # (B, T, T)
         select, bs = [], self.kv.block_size
@@ -112,23 +125,24 @@ class ModelRunner:
             if q.mask is not None:
                 mask[b, :n, :n] = q.mask
             select += [b * T + j for j in q.wanted + q.prompt]
-        tokens = longs(tok).view(B, T)                                  # (B, T)
-        rope_at = longs(rope).view(B, T)                                # (B, T) RoPE positions
-        context_lens = longs([r.start - r.seq.evicted + len(q.tokens) for r, q in zip(rows, queries)])  # (B,)
-        attn = AttentionMetadata(longs(slot).view(B, T),                # (B, T) slot, -1: not written
-                                 longs(tab).view(B, M),                 # (B, M) block tables
-                                 context_lens, longs(pos).view(B, T),  # (B, T) cache positions
+        per_token = np.array(tok + rope + slot + pos, np.int64).reshape(4, B, T)
+        context = [r.start - r.seq.evicted + len(q.tokens) for r, q in zip(rows, queries)]
+        tokens, rope_at, slots, cache_pos, tables, context_lens, select = self.index_arrays(
+            (*per_token, np.array(tab, np.int64).reshape(B, M), np.array(context, np.int64), np.array(select, np.int64)))
+        attn = AttentionMetadata(slots,                     # (B, T) slot, -1: not written
+                                 tables,                    # (B, M) block tables
+                                 context_lens, cache_pos,   # (B,) cached tokens after the step; (B, T) cache positions
                                  tree_mask=mask)
         self.eviction.prepare(attn, B, context_lens)          # kv_eviction: keys rotated on read, window, scores
         with self.lora.use(rows, T):                          # enable_lora: each row's adapter in the linears
-            res = self.model(tokens, rope_at, self.kv, attn, rows=longs(select),
+            res = self.model(tokens, rope_at, self.kv, attn, rows=select,
                              **({"return_hidden": True} if self.hidden else {}))
         logits, hidden = res if self.hidden else (res, None)            # (N, V), (N, C)
         self.eviction.observe(rows, attn, context_lens)       # H2O: the probabilities each cached token received
         at = 0
         for i, r, q in zip(index, rows, queries):
             if q.wanted:
-                out.logits[i] = logits[at:at + len(q.wanted)]
+                out.raw[i] = logits[at:at + len(q.wanted)]
                 if hidden is not None:
                     out.hidden[i] = hidden[at:at + len(q.wanted)]
             at += len(q.wanted)

@@ -125,7 +125,7 @@ def verify(batch: ScheduledBatch, drafts: list, out, rule: Callable = verify_sam
     """One Verdict per row (empty for a partial prompt chunk or padding), then one per fork: a sample forked off a
     finished prefill draws its first token from its parent's logits with its own generator. An exception from one
     request's parameters (its logits processor, say) becomes that request's error; the others go on."""
-    verdicts = [_verdict(row, draft, logits, rule) for row, draft, logits in zip(batch.rows, drafts, out.logits)]
+    verdicts = [_verdict(row, draft, logits, rule) for row, draft, logits in zip(batch.rows, drafts, out.raw)]
     for i, child in batch.forks:
         verdicts.append(_guarded(lambda: verify_row(child, out.logits[i][:1], None)))
     return verdicts
@@ -137,7 +137,7 @@ def _verdict(row, draft: Optional[Draft], logits, rule: Callable) -> Verdict:
     p = row.seq.params
     if not draft and p.greedy and not (p.logits_processors or p.penalized):
         return Verdict(tokens=[argmax(logits[0])])   # the common row: k = 0, greedy, logits as the model gave them
-    return _guarded(lambda: verify_row(row.seq, logits, draft, rule))
+    return _guarded(lambda: verify_row(row.seq, torch.as_tensor(logits), draft, rule))
 
 
 def _guarded(fn) -> Verdict:

@@ -21,7 +21,7 @@ from ..kernels import cdiv
 
 @dataclass
 class AttentionMetadata:
-    slot_mapping: torch.Tensor   # (B, T) int64
+    slot_mapping: torch.Tensor   # (B, T) int64 (the four: numpy int64 for a backend that takes index_arrays)
     block_tables: torch.Tensor   # (B, M) int64
     context_lens: torch.Tensor   # (B,) int64
     positions: torch.Tensor      # (B, T) int64, the query tokens' positions
