@@ -52,6 +52,7 @@ class Tokenizer:
         for i, p in enumerate(self.pieces):
             self.lookup.setdefault(p, i)
         self._score = self.scores.tolist()  # python floats (exact float32 values) for the merge loop
+        self._bytes = {prev: [self._piece_bytes(prev, t) for t in range(len(self.pieces))] for prev in (BOS, -1)}
 
     @property
     def vocab_size(self) -> int:
@@ -161,7 +162,11 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ decode
     def piece_bytes(self, prev_token: int, token: int) -> bytes:
-        """run.c's decode(): strip one leading space after BOS; a <0xXX> piece is that raw byte."""
+        """run.c's decode(): strip one leading space after BOS; a <0xXX> piece is that raw byte (a table lookup:
+        each piece's bytes after BOS and after any other token are made once)."""
+        return self._bytes[BOS if prev_token == BOS else -1][token]
+
+    def _piece_bytes(self, prev_token: int, token: int) -> bytes:
         piece = self.pieces[token]
         if prev_token == BOS and piece[:1] == b" ":
             piece = piece[1:]
