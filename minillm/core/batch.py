@@ -60,10 +60,6 @@ class ScheduledBatch:
     def num_prefill_tokens(self) -> int:
         return sum(r.end - r.start for r in self.rows if r.writes and r.prefill)
 
-    @property
-    def num_decode_rows(self) -> int:
-        return sum(1 for r in self.rows if r.writes and not r.prefill)
-
     def __bool__(self):
         return bool(self.rows)
 

@@ -106,12 +106,10 @@ class Trace:
     def after_update(self, batch, drafts, verdicts, pending: "Pending", start: float, draft_seconds: float,
                      run_seconds: float, end: float):
         """The step's record: it began at `start`, proposing took draft_seconds, the model call run_seconds."""
-        block_bytes, block_size = self.block_bytes, self.block_size
-        spec = []
-        for row, d, v, before in zip(batch.rows, drafts, verdicts, pending.before):
-            if row.lookahead and v.error is None:
-                spec.append((row, d, v, before))
-        if spec or any(r.lookahead for r in batch.rows):
+        block_bytes, block_size, spec = self.block_bytes, self.block_size, []
+        if any(r.lookahead for r in batch.rows):            # a speculative step: its counters, kept with trace=False
+            spec = [(row, d, v, before) for row, d, v, before in zip(batch.rows, drafts, verdicts, pending.before)
+                    if row.lookahead and v.error is None]
             self._count_spec(spec, draft_seconds, run_seconds)
         if self.enabled:
             rows = [r for r in batch.rows if r.writes]
