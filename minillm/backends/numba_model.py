@@ -16,6 +16,7 @@ torch backend does not promise that.
 """
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 
@@ -144,6 +145,12 @@ def qk_norms(a) -> np.ndarray:
     return np.zeros((2, 0), np.float32)
 
 
+@functools.lru_cache(maxsize=64)
+def chain_mask(rows: int) -> np.ndarray:
+    """The (rows, 0) tree mask of a step without a tree (made once per size: never written)."""
+    return np.zeros((rows, 0), np.bool_)
+
+
 def ints(t) -> np.ndarray:
     """A torch tensor, array or list of indices as the compiled forward takes them: contiguous int64 numpy
     (a view, when it already is one; the runner's arrays as they are)."""
@@ -246,7 +253,7 @@ class NumbaTransformer(nn.Module):
         if attn.tree_mask is not None:
             visible = np.ascontiguousarray(attn.tree_mask.reshape(B * T, T).numpy())        # (B*T, T)
         else:
-            visible = np.zeros((B * T, 0), np.bool_)                                        # a chain: ends say it all
+            visible = chain_mask(B * T)                                                      # a chain: ends say it all
         args = (ints(tokens), rope_at, ints(attn.slot_mapping), ints(attn.block_tables), ints(attn.positions),
                 ints(attn.context_lens), visible, last)
         threads = torch.get_num_threads()
