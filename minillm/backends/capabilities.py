@@ -38,7 +38,7 @@ class Capability:
                                    # with zeros (any backend); "2:4" is Sparse24Linear (values + 2-bit indices)
     kv_eviction: tuple = ()        # kv_eviction methods (keys stored before RoPE, attention probabilities kept)
     lora: bool = False             # enable_lora: per-row adapters in the linears (minillm.lora.adapters)
-    moe: bool = False              # mixture-of-experts FFNs (minillm.moe.experts: a router, experts dispatched per token)
+    moe: bool = False              # mixture-of-experts FFNs (minillm.moe.experts: a router, experts run per token)
     parallel: tuple = ()           # tensor_parallel_size / pipeline_parallel_size > 1 (minillm.parallel): "tensor",
                                    # "pipeline"
     families: tuple = ("llama", "qwen2", "qwen3")   # ModelConfig.family: Llama (2, 3.x with its RoPE scaling,

@@ -126,9 +126,9 @@ class ModelRunner:
                 mask[b, :n, :n] = q.mask
             select += [b * T + j for j in q.wanted + q.prompt]
         per_token = np.array(tok + rope + slot + pos, np.int64).reshape(4, B, T)
-        context = [r.start - r.seq.evicted + len(q.tokens) for r, q in zip(rows, queries)]
+        context = np.array([r.start - r.seq.evicted + len(q.tokens) for r, q in zip(rows, queries)], np.int64)
         tokens, rope_at, slots, cache_pos, tables, context_lens, select = self.index_arrays(
-            (*per_token, np.array(tab, np.int64).reshape(B, M), np.array(context, np.int64), np.array(select, np.int64)))
+            (*per_token, np.array(tab, np.int64).reshape(B, M), context, np.array(select, np.int64)))
         attn = AttentionMetadata(slots,                     # (B, T) slot, -1: not written
                                  tables,                    # (B, M) block tables
                                  context_lens, cache_pos,   # (B,) cached tokens after the step; (B, T) cache positions

@@ -19,8 +19,8 @@ import struct
 import torch
 
 from ..config import ModelConfig
-from ..moe.experts import MoEConfig, attach_moe, moe_config, moe_layers
 from ..llama.transformer import Transformer
+from ..moe.experts import MoEConfig, attach_moe, moe_config, moe_layers
 from .llama2c import load_bin
 
 FORMAT, VERSION = "minillm-moe", "1"

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..formats.llama2c import load_bin, save_bin
 from ..formats.moe import save_moe
+from ..llama.transformer import Transformer
 from ..moe.experts import (
     ROUTER_INITS,
     MoEConfig,
@@ -45,7 +46,6 @@ from ..moe.experts import (
     reset_stats,
     upcycle,
 )
-from ..llama.transformer import Transformer
 from ..progress import progress
 from ..threads import auto_threads, use_threads
 from .train import TrainConfig, check_out_dir, eval_windows, evaluate, get_batch, lr_at, prepare_data
