@@ -136,6 +136,9 @@ def test_sharded_safetensors_with_an_index_load_as_one_file(built, tmp_path):
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic' is not supported"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "needs 'low_freq_factor'"),
     ({"use_sliding_window": True}, "use_sliding_window=true is not supported"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5 is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.25}},
+     "partial_rotary_factor=0.25 is not supported"),
     ({"attention_bias": True}, "attention_bias=True"),
 ])
 def test_refusals_name_the_value(built, tmp_path, edit, message):

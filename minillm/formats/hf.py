@@ -138,6 +138,10 @@ def read_config(path) -> ModelConfig:
     if c.get("use_sliding_window"):
         raise ValueError(f"{cfg_path}: use_sliding_window=true is not supported (every layer attends to the whole "
                          f"context here)")
+    partial = c.get("partial_rotary_factor", (c.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"{cfg_path}: partial_rotary_factor={partial!r} is not supported (RoPE rotates every "
+                         f"dimension of a head here)")
     scaling, theta = _rope_scaling(c, cfg_path)
     if theta is None:
         theta = _field(c, cfg_path, "rope_theta", _positive_float, 10000.0)
