@@ -227,6 +227,24 @@ def test_structured_output_on_byte_level_and_sentencepiece_vocabularies(built, f
         assert set(value) == {"name", "age"} and isinstance(value["age"], int) and len(value["name"]) <= 8
 
 
+@pytest.mark.parametrize("family", ["qwen2", "tinyllama"])
+def test_jump_forward_spells_the_forced_text_on_byte_level_and_sentencepiece_vocabularies(built, family):
+    """The tokens jump-forward appends spell exactly the bytes the pattern forces: a SentencePiece-style tokenizer
+    puts a "\u2581" space before a text's first word, which the pattern refuses (its jump would stop at once)."""
+    from minillm.guided.token_index import vocab_of
+    folder, _ = built[family]
+    llm = LLM(folder)
+    vocab = vocab_of(llm.tokenizer)
+    for data in (b'{"name":"', b'","age":', b"is"):
+        ids = vocab.encode_bytes(data)
+        assert b"".join(vocab.bytes[i] for i in ids) == data, (family, data, ids)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    llm.generate("ROMEO:", SamplingParams(temperature=0, max_tokens=64, guided_json=schema))
+    proc = next(iter(vocab.indexes.values()))       # the schema's compiled index: forced tokens were found
+    assert any(len(f) > 2 for f in proc._forced.values()), family
+
+
 def test_streamed_text_only_grows_while_a_character_s_bytes_arrive(built):
     """Byte-level BPE splits "é" (c3 a9) into two tokens when no merged token has it: after the first the text
     must not show a replacement character that the second would then take back."""

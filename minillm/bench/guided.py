@@ -47,7 +47,16 @@ FIXED_KEYS = {"type": "object", "required": ["speaker", "act", "scene", "line"],
                              "act": {"type": "integer", "minimum": 1, "maximum": 5},
                              "scene": {"type": "integer", "minimum": 1, "maximum": 9},
                              "line": {"type": "string", "maxLength": 20}}}
-LONG = r"[a-z ,.;:!?'\n]{%d,}"            # at least 6 bytes per token allowed: no end before max_tokens
+LONG = r"[a-z ,.;:!?'\n]{%d,}"            # at least L bytes per token allowed: no end before max_tokens
+LONG_BYTES = b"abcdefghijklmnopqrstuvwxyz ,.;:!?'\n"
+
+
+def longest_token(tokenizer, allowed: bytes = LONG_BYTES) -> int:
+    """The most bytes one token made only of `allowed` holds (L): LONG with L * max_tokens bytes can end no sooner
+    than max_tokens and no later (6 for the shipped tokenizer; fewer for a small vocabulary of short merges)."""
+    ok = set(allowed)
+    return max(len(b) for b, text in zip(vocab_of(tokenizer).bytes, vocab_of(tokenizer).text)
+               if text and set(b) <= ok)
 
 
 def _valid(text: str, kind: str, spec) -> bool:
@@ -94,7 +103,8 @@ def mask_cost(llm: LLM, batch: int = 8, max_tokens: int = 64, repeats: int = 3) 
     engine = llm.engine
     prompts = [f"{name}:" for name in ("ROMEO", "JULIET", "TYBALT", "MERCUTIO", "NURSE", "CAPULET", "PARIS",
                                        "BENVOLIO")][:batch]
-    cases = {"plain": dict(ignore_eos=True), "regex": dict(guided_regex=LONG % (6 * max_tokens)),
+    long = LONG % (longest_token(engine.tokenizer) * max_tokens)
+    cases = {"plain": dict(ignore_eos=True), "regex": dict(guided_regex=long),
              "json": dict(guided_json=SCHEMAS["person"])}
     rounds = {k: [] for k in cases}
     clock = {k: [0.0, 0] for k in cases}                # processors' seconds, calls

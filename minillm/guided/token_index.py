@@ -75,11 +75,28 @@ class Vocab:
         return out, lengths
 
     def encode_bytes(self, data: bytes) -> list[int]:
-        """The tokenizer's own tokens for data, without BOS or the dummy-prefix space (run.c's merges)."""
+        """The tokenizer's own tokens for data, without BOS or the dummy-prefix space (run.c's merges). A
+        tokenizer.json whose tokens would not spell data exactly (a SentencePiece-style one puts a "\u2581" space
+        before a text's first word) gets the longest tokens that do, left to right."""
         tok = self.tokenizer
-        if not isinstance(tok, Tokenizer):
-            return tok.encode(data.decode("utf-8", errors="replace"), bos=False)
-        return tok._merge(tok._initial_tokens(data))
+        if isinstance(tok, Tokenizer):
+            return tok._merge(tok._initial_tokens(data))
+        ids = tok.encode(data.decode("utf-8", errors="replace"), bos=False)
+        return ids if b"".join(self.bytes[i] for i in ids) == data else self.longest_tokens(data)
+
+    def longest_tokens(self, data: bytes) -> list[int]:
+        """data as the longest text tokens that spell it, left to right (stops where no token fits)."""
+        if not hasattr(self, "_ids"):
+            self._ids = {b: t for t, b in reversed(list(enumerate(self.bytes))) if self.text[t]}   # lowest id wins
+            self._longest = max(map(len, self._ids))
+        out, at = [], 0
+        while at < len(data):
+            n = next((n for n in range(min(self._longest, len(data) - at), 0, -1) if data[at:at + n] in self._ids), 0)
+            if n == 0:
+                break
+            out.append(self._ids[data[at:at + n]])
+            at += n
+        return out
 
 
 def vocab_of(tokenizer) -> Vocab:
