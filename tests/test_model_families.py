@@ -270,6 +270,23 @@ def test_a_model_too_large_for_memory_is_refused_before_any_tensor_is_read(built
         check_fits(cfg, "qwen2", free=1000)
 
 
+def test_a_kv_pool_too_large_for_memory_is_refused_before_it_is_allocated(built, monkeypatch):
+    """The pool for max_model_len sequences is checked against the free memory before allocating it; the
+    message names the options that shrink it, and a smaller max_model_len then fits."""
+    import minillm.engine.parts as parts
+    import minillm.formats.hf as hf
+    from minillm import EngineConfig
+    from minillm.llama.kv_cache import KVCache
+    folder, _ = built["llama3"]
+    free = KVCache.engine_bytes(read_config(folder), EngineConfig(max_model_len=64, max_num_seqs=1))
+    monkeypatch.setattr(parts, "check_pool_fits", lambda n, config: hf.check_pool_fits(n, config, free=free))
+    with pytest.raises(MemoryError, match=r"the KV pool needs .* GiB \(max_model_len=128, max_num_seqs=1, "
+                                          r"kv_cache_bytes=None\) and this machine has .* free: lower max_model_len"):
+        LLM(folder, max_model_len=128, max_num_seqs=1, backend="torch")
+    assert LLM(folder, max_model_len=64, max_num_seqs=1, backend="torch").generate("ROMEO:", SamplingParams(
+        max_tokens=2))[0].outputs[0].token_ids
+
+
 @pytest.mark.parametrize("family", ["llama3", "qwen2"])
 def test_chat_prompt_ids_equal_transformers_apply_chat_template(built, family):
     """The server's chat prompt (the model's own template, rendered as transformers renders it, BOS once) has the

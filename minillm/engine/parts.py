@@ -24,6 +24,7 @@ from ..core.hooks import NoAdapters, NoEviction, NoSwap
 from ..core.policies import SchedulingPolicy
 from ..core.proposer import Proposer
 from ..core.verify import verify_sampled
+from ..formats.hf import check_pool_fits
 from ..kernels import cdiv
 from ..llama.kv_cache import KVCache, SwapSpace
 from ..scheduling import make_policy
@@ -126,6 +127,8 @@ def prepare(model, tokenizer, config: EngineConfig, *, policy: Optional[Scheduli
     if config.enable_lora:             # a copy sharing the weights, its linears with max_loras adapter slots
         model, lora = _lora_slots(model, config)
     kv_dtype = torch.int8 if config.kv_cache_dtype == "int8" else next(model.parameters()).dtype
+    if config.backend != "cuda":       # the pool lives in this machine's memory
+        check_pool_fits(KVCache.engine_bytes(model.config, config, kv_dtype), config)
     if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
         from ..parallel.sharded import for_engine
         forward = for_engine(model, config, kv_dtype)          # the same engine on several ranks, each with a share
@@ -199,3 +202,4 @@ def _proposer(spec, model, tokenizer, config: EngineConfig, kv: KVCache) -> Prop
         choices = [tuple(c) for c in (spec.tree or DEFAULT_CHOICES)]
         build_tree(0, torch.zeros(heads.weight.shape[0], model.config.vocab_size), choices)  # validates the tree now
     return make_proposer(spec, model, tokenizer, config, heads=heads)
+

@@ -271,6 +271,19 @@ def check_fits(cfg: ModelConfig, path, free: Optional[int] = None):
                           f"quantization='int8' / 'int4', and a smaller max_model_len for the KV pool")
 
 
+def check_pool_fits(nbytes: int, config, free: Optional[int] = None):
+    """Refuse, before allocating it, a KV pool bigger than the memory this machine has free: a Hugging Face
+    model's context makes max_model_len large by default (Llama 3.2: 131,072 positions, 8 GiB at float32 for
+    one sequence of the 1B model), which would end in the kernel's out-of-memory kill instead of a message."""
+    free = available_memory() if free is None else free
+    if free is not None and nbytes > free:
+        gib = 2 ** 30
+        raise MemoryError(f"the KV pool needs {nbytes / gib:.1f} GiB (max_model_len={config.max_model_len}, "
+                          f"max_num_seqs={config.max_num_seqs}, kv_cache_bytes={config.kv_cache_bytes}) and this "
+                          f"machine has {free / gib:.1f} GiB free: lower max_model_len, or set kv_cache_bytes "
+                          f"(kv_cache_dtype='int8' quarters the pool)")
+
+
 def load_hf(path) -> Transformer:
     cfg = read_config(path)
     check_fits(cfg, path)
