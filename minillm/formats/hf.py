@@ -261,28 +261,27 @@ def available_memory() -> Optional[int]:
 def check_fits(cfg: ModelConfig, path, free: Optional[int] = None):
     """Refuse, before reading a tensor, a model whose float32 weights (what load_hf builds) do not fit in the
     memory this machine has free; the message says the size, the free memory and what to try."""
-    need = cfg.num_params() * 4
-    free = available_memory() if free is None else free
-    if free is not None and need > free:
-        gib = 2 ** 30
-        raise MemoryError(f"{path}: the model's {cfg.num_params() / 1e9:.2f} B weights take {need / gib:.1f} GiB in "
-                          f"float32, and this machine has {free / gib:.1f} GiB free; nothing was loaded. Try a "
-                          f"smaller model, free memory, or (after loading elsewhere) dtype='bfloat16' or "
-                          f"quantization='int8' / 'int4', and a smaller max_model_len for the KV pool")
+    _check_memory(cfg.num_params() * 4, free, lambda need, have: (
+        f"{path}: the model's {cfg.num_params() / 1e9:.2f} B weights take {need} GiB in float32, and this machine "
+        f"has {have} GiB free; nothing was loaded. Try a smaller model, free memory, or (after loading elsewhere) "
+        f"dtype='bfloat16' or quantization='int8' / 'int4', and a smaller max_model_len for the KV pool"))
 
 
 def check_pool_fits(nbytes: int, config, free: Optional[int] = None):
     """Refuse, before allocating it, a KV pool bigger than the memory this machine has free: a Hugging Face
     model's context makes max_model_len large by default (Llama 3.2: 131,072 positions, 8 GiB at float32 for
     one sequence of the 1B model), which would end in the kernel's out-of-memory kill instead of a message."""
-    free = available_memory() if free is None else free
-    if free is not None and nbytes > free:
-        gib = 2 ** 30
-        raise MemoryError(f"the KV pool needs {nbytes / gib:.1f} GiB (max_model_len={config.max_model_len}, "
-                          f"max_num_seqs={config.max_num_seqs}, kv_cache_bytes={config.kv_cache_bytes}) and this "
-                          f"machine has {free / gib:.1f} GiB free: lower max_model_len, or set kv_cache_bytes "
-                          f"(kv_cache_dtype='int8' quarters the pool)")
+    _check_memory(nbytes, free, lambda need, have: (
+        f"the KV pool needs {need} GiB (max_model_len={config.max_model_len}, max_num_seqs={config.max_num_seqs}, "
+        f"kv_cache_bytes={config.kv_cache_bytes}) and this machine has {have} GiB free: lower max_model_len, or "
+        f"set kv_cache_bytes (kv_cache_dtype='int8' quarters the pool)"))
 
+
+def _check_memory(need: int, free: Optional[int], message):
+    """MemoryError(message(need GiB, free GiB)) when need bytes exceed free (default: what the machine has free)."""
+    free = available_memory() if free is None else free
+    if free is not None and need > free:
+        raise MemoryError(message(f"{need / 2 ** 30:.1f}", f"{free / 2 ** 30:.1f}"))
 
 def load_hf(path) -> Transformer:
     cfg = read_config(path)
