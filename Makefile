@@ -2,6 +2,7 @@
 # make test     create .venv, install, run pytest and nbval on every notebook
 # make student  write student/: the notebooks with exercise solutions removed
 # make grade DIR=student  run every exercise checker on a folder of notebooks and print a score sheet
+# make test-clients  install lm-evaluation-harness (the clients extra) and run it against the server
 # make test-slow  the long runs kept out of make test (the 10,000-schedule fuzzer: MINILLM_FUZZ_EXAMPLES)
 # make test-notebooks-busy  nbval on every notebook with two busy loops running beside it (a busy laptop)
 # make gpu-check  on a CUDA machine (its python, installs nothing): gpu tests, kernels vs torch, racecheck, decode
@@ -19,7 +20,7 @@ STAMP      := $(VENV)/.installed
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root,)
 NBVAL      := --nbval --nbval-current-env --nbval-cell-timeout=120 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: install lab test test-unit test-notebooks test-notebooks-busy test-slow lint student grade clean gpu-check
+.PHONY: install lab test test-unit test-notebooks test-notebooks-busy test-slow test-clients lint student grade clean gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,10 @@ lint: install
 test-unit: install
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q --durations=25 tests
 	MINILLM_PROGRESS=0 NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q tests/cudasim
+
+test-clients: install
+	$(BIN)/python -m pip install -q -e ".[clients]" 2>&1 | grep -v "is ignored" || true
+	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q -m clients tests
 
 test-slow: install
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q -m slow tests

@@ -149,7 +149,7 @@ def test_an_unknown_model_is_404_model_not_found(server, client):
 
 
 @pytest.mark.parametrize("field, value", [("temperature", -1), ("temperature", "hot"), ("top_p", 0), ("top_k", -3),
-                                          ("n", 0), ("max_tokens", 0), ("seed", -5), ("stop", [""]),
+                                          ("n", 0), ("max_tokens", -1), ("seed", -5), ("stop", [""]),
                                           ("presence_penalty", 3), ("min_p", 2), ("ignore_eos", "yes")])
 def test_bad_sampling_values_get_samplingparams_own_message(server, field, value):
     with pytest.raises(ValueError) as want:

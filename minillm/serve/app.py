@@ -24,19 +24,16 @@ from starlette.exceptions import HTTPException
 from ..formats.chat_template import CHAT_STOP, CHAT_TEMPLATE, render_chat
 from . import protocol as P
 from .async_engine import AsyncEngine
+from .echo import Echo
+from .protocol import ServeError
 from .stream import Delta
 
 
-class ServeError(Exception):
-    def __init__(self, message: str, status: int = 400, param: Optional[str] = None):
-        super().__init__(message)
-        self.status, self.param = status, param
-
-
-def build_app(engine, model_name: str, chat_template: Optional[str] = None) -> FastAPI:
-    """engine: an LLMEngine (llm.engine); it belongs to the app's engine loop while the app runs."""
+def build_app(engine, model_name: str, chat_template: Optional[str] = None, max_logprobs: int = 20) -> FastAPI:
+    """engine: an LLMEngine (llm.engine); it belongs to the app's engine loop while the app runs. max_logprobs:
+    the most top-k a request may ask per token (logprobs, prompt_logprobs, top_logprobs; vLLM's default 20)."""
     aengine = AsyncEngine(engine)
-    served = Served(aengine, model_name, engine.tokenizer, engine.config.max_model_len, chat_template)
+    served = Served(aengine, model_name, engine.tokenizer, engine.config.max_model_len, chat_template, max_logprobs)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -50,6 +47,7 @@ def build_app(engine, model_name: str, chat_template: Optional[str] = None) -> F
     _add_info_routes(app, served)
     _add_completion_routes(app, served)
     _add_chat_routes(app, served)
+    _add_tokenizer_routes(app, served)
     return app
 
 
@@ -58,9 +56,10 @@ class Served:
     (through which alone a handler reaches the engine)."""
 
     def __init__(self, aengine: AsyncEngine, model_name: str, tokenizer, max_model_len: int,
-                 chat_template: Optional[str] = None):
+                 chat_template: Optional[str] = None, max_logprobs: int = 20):
         self.aengine, self.model_name = aengine, model_name
         self.tokenizer, self.max_model_len = tokenizer, max_model_len
+        self.max_logprobs = max_logprobs                 # the most top-k a request may ask per token (vLLM's 20)
         self.template = chat_template or getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE
         self.created = int(time.time())
 
@@ -130,17 +129,17 @@ def _add_completion_routes(app: FastAPI, served: Served):
     @app.post("/v1/completions")
     async def completions(req: P.CompletionRequest, request: Request):
         served.check_model(req.model)
-        if req.echo or req.suffix:
-            raise ServeError("echo and suffix are not supported by this server", param="echo" if req.echo else
-                             "suffix")
         prompts = [req.prompt] if isinstance(req.prompt, str) or (req.prompt and isinstance(req.prompt[0], int)) \
             else list(req.prompt)
         if not prompts:
             raise ServeError("prompt is empty: pass text, a list of texts, or token ids", param="prompt")
-        params = _params_of(req, logprobs=req.logprobs)
+        echo = Echo.of(req, served.max_logprobs)
+        params = _params_of(req, logprobs=req.logprobs, prompt_logprobs=echo.prompt_k,
+                            max_tokens=1 if echo.score_only else None)
         rid = f"cmpl-{uuid.uuid4().hex}"
         group = await served.submit(prompts, params, req, rid)
-        shape = Shape(rid, served.model_name, params.n, served.tokenizer, chat=False, token_ids=req.return_token_ids)
+        shape = Shape(rid, served.model_name, params.n, served.tokenizer, chat=False, token_ids=req.return_token_ids,
+                      echo=echo)
         if req.stream:
             return stream_response(group, shape, req.stream_options)
         return await unless_disconnected(request, group, shape)
@@ -154,12 +153,13 @@ def _add_chat_routes(app: FastAPI, served: Served):
         tokenizer, template = served.tokenizer, served.template
         try:
             schema = P.response_format_schema(req.response_format)
-            messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                         else "".join(part.text for part in m.content)} for m in req.messages]
-            text = chat_text(messages, template, tokenizer, req.add_generation_prompt)
+            text = chat_text(_messages(req.messages), template, tokenizer, req.add_generation_prompt)
         except ValueError as e:
             raise ServeError(str(e)) from None
         top = req.top_logprobs if req.top_logprobs is not None else 0
+        if isinstance(top, int) and top > served.max_logprobs:
+            raise ServeError(f"top_logprobs={top} is above this server's limit of {served.max_logprobs}",
+                             param="top_logprobs")
         fill = req.max_tokens is None and req.max_completion_tokens is None   # then: what the context leaves (vLLM)
         params = _params_of(req, logprobs=top if req.logprobs else None, guided_json=schema)
         guided = params.guided_regex or params.guided_json or params.guided_choice   # the pattern ends the reply
@@ -174,27 +174,71 @@ def _add_chat_routes(app: FastAPI, served: Served):
         return await unless_disconnected(request, group, shape)
 
 
+def _messages(messages: list) -> list[dict]:
+    """ChatMessages -> the dicts a chat template reads (a content of text parts joined)."""
+    return [{"role": m.role, "content": m.content if isinstance(m.content, str)
+             else "".join(part.text for part in m.content)} for m in messages]
+
+
+def _add_tokenizer_routes(app: FastAPI, served: Served):
+    """vLLM's /tokenize, /detokenize and /tokenizer_info: the served model's own tokenizer over HTTP
+    (lm-evaluation-harness's remote tokenizer splits context and continuation with them)."""
+    tokenizer = served.tokenizer
+
+    @app.post("/tokenize")
+    async def tokenize(req: P.TokenizeRequest):
+        if req.model is not None:
+            served.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise ServeError("pass one of prompt (text) and messages (a chat)", param="prompt")
+        text = req.prompt if req.prompt is not None else \
+            chat_text(_messages(req.messages), served.template, tokenizer, req.add_generation_prompt)
+        specials = {special_text(tokenizer, t): t for t in (tokenizer.bos_id, tokenizer.eos_id)}
+        ids = [specials[text]] if text in specials else tokenizer.encode(text, bos=req.add_special_tokens)
+        return {"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids,
+                "token_strs": [P.token_text(tokenizer, t) for t in ids] if req.return_token_strs else None}
+
+    @app.post("/detokenize")
+    async def detokenize(req: P.DetokenizeRequest):
+        if req.model is not None:
+            served.check_model(req.model)
+        bad = [t for t in req.tokens if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise ServeError(f"tokens must be integers in [0, {tokenizer.vocab_size}), got {bad[:5]}", param="tokens")
+        return {"prompt": tokenizer.decode(req.tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        return {"tokenizer_class": type(tokenizer).__name__, "bos_token": special_text(tokenizer, tokenizer.bos_id),
+                "eos_token": special_text(tokenizer, tokenizer.eos_id), "pad_token": None,
+                "chat_template": served.template, "model_max_length": served.max_model_len,
+                "vocab_size": tokenizer.vocab_size}
+
+
 def chat_text(messages: list, template: str, tokenizer, add_generation_prompt: bool = True) -> str:
     """The prompt text of a chat: the template rendered as transformers renders it, then without its leading BOS
     where the engine's tokenizer adds BOS itself (so it is there once; Qwen's adds none and its templates write
     none)."""
-    text = render_chat(messages, template, bos_token=_bos_text(tokenizer), add_generation_prompt=add_generation_prompt)
-    return text.removeprefix(_bos_text(tokenizer)) if getattr(tokenizer, "adds_bos", True) else text
+    bos = special_text(tokenizer, tokenizer.bos_id)
+    text = render_chat(messages, template, bos_token=bos, add_generation_prompt=add_generation_prompt)
+    return text.removeprefix(bos) if getattr(tokenizer, "adds_bos", True) else text
 
 
-def _bos_text(tokenizer) -> str:
-    """The BOS token as the chat template writes it: "<s>" for llama2.c vocabularies (as export_hf names it)."""
+def special_text(tokenizer, token: int) -> str:
+    """BOS or EOS as a chat template (and tokenizer_info) writes it: "<s>" and "</s>" for llama2.c vocabularies
+    (as export_hf names them), the token's own name in a tokenizer.json."""
     hf = getattr(tokenizer, "_tok", None)                  # a tokenizer.json (minillm.formats.hf.HFTokenizer)
-    return hf.id_to_token(tokenizer.bos_id) if hf is not None else "<s>"
+    return hf.id_to_token(token) if hf is not None else "</s>" if token == tokenizer.eos_id else "<s>"
 
 
 # ---------------------------------------------------------------------------- updates -> OpenAI objects
 class Shape:
     """How one call's updates become OpenAI choices: choice index = prompt index * n + sample index (as vLLM)."""
 
-    def __init__(self, rid, model, n, tokenizer, chat: bool, token_ids: bool, top_logprobs=None):
+    def __init__(self, rid, model, n, tokenizer, chat: bool, token_ids: bool, top_logprobs=None,
+                 echo: Optional[Echo] = None):
         self.rid, self.model, self.n, self.tokenizer, self.chat = rid, model, n, tokenizer, chat
-        self.token_ids, self.top_logprobs = token_ids, top_logprobs
+        self.token_ids, self.top_logprobs, self.echo = token_ids, top_logprobs, echo or Echo()
         self.offsets: dict = {}                   # choice index -> characters of text so far (logprobs offsets)
 
     def choice(self, prompt_index: int, d, final: bool = False) -> dict:
@@ -206,7 +250,8 @@ class Shape:
             lp = P.chat_logprobs(self.tokenizer, d.logprobs, self.top_logprobs) if d.logprobs else None
         else:
             c["text"] = d.text
-            lp = P.completion_logprobs(self.tokenizer, d.logprobs, self.offsets.get(index, 0)) if d.logprobs else None
+            lp = P.completion_logprobs(self.tokenizer, d.logprobs, self.offsets.get(index, 0), d.token_ids) \
+                if d.logprobs else None
             self.offsets[index] = self.offsets.get(index, 0) + len(d.text)
         c["logprobs"] = lp
         c["finish_reason"] = d.finish_reason
@@ -214,6 +259,16 @@ class Shape:
         if self.token_ids:
             c["token_ids"] = d.token_ids
         return c
+
+    def final(self, prompt_index: int, output, i: int) -> dict:
+        """Sample i of a finished request's output as its choice (the prompt echoed, prompt_logprobs added)."""
+        c = output.outputs[i]
+        d = Delta(i, c.text, list(c.token_ids), c.finish_reason, c.stop_reason, c.error, list(c.logprobs or []))
+        choice = self.choice(prompt_index, self.echo.apply(self.tokenizer, output, d), final=True)
+        if self.echo.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = P.vllm_prompt_logprobs(self.tokenizer, output.prompt_logprobs,
+                                                               self.echo.prompt_logprobs)
+        return choice
 
     def obj(self, choices, usage, chunk: bool) -> dict:
         return (P.chat_object if self.chat else P.completion_object)(self.rid, self.model, choices, usage, chunk)
@@ -252,10 +307,9 @@ async def collect_all(group, shape: Shape):
             return JSONResponse(P.error_body(error, 500), status_code=500)
         if update.finished:
             outputs[pi] = update.output
-    choices = [shape.choice(pi, Delta(i, c.text, list(c.token_ids), c.finish_reason, c.stop_reason, c.error,
-                                      list(c.logprobs or [])), final=True)
-               for pi in sorted(outputs) for i, c in enumerate(outputs[pi].outputs)]
-    completion_tokens = sum(len(c.token_ids) for o in outputs.values() for c in o.outputs)
+    choices = [shape.final(pi, outputs[pi], i) for pi in sorted(outputs) for i in range(len(outputs[pi].outputs))]
+    completion_tokens = 0 if shape.echo.score_only else \
+        sum(len(c.token_ids) for o in outputs.values() for c in o.outputs)
     return shape.obj(choices, P.usage(sum(len(ids) for ids in group.prompt_ids), completion_tokens), chunk=False)
 
 

@@ -63,8 +63,9 @@ class _Sampling(_Strict):
 class CompletionRequest(_Sampling):
     prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
     logprobs: Any = None                        # an integer k: the top-k per token (OpenAI allows up to 5)
-    echo: StrictBool = False
+    echo: StrictBool = False                    # the prompt before the completion (with logprobs: scored too)
     suffix: Optional[StrictStr] = None
+    prompt_logprobs: Any = None                 # vLLM's extra field: the top-k at every prompt token
 
 
 class TextPart(_Strict):
@@ -87,14 +88,31 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: StrictBool = True    # vLLM's extra field
 
 
+class TokenizeRequest(_Strict):
+    """vLLM's /tokenize (lm-evaluation-harness's remote tokenizer uses it): text, or a chat to render first."""
+    model: Optional[StrictStr] = None
+    prompt: Optional[StrictStr] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: StrictBool = True        # BOS first, where the model's tokenizer adds one
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(_Strict):
+    model: Optional[StrictStr] = None
+    tokens: list[StrictInt]
+
+
 def _given(value, default):
     """OpenAI sends null for "the default"."""
     return default if value is None else value
 
 
-def sampling_params(req: _Sampling, max_tokens_default: int = 16, logprobs=None, guided_json=None) -> SamplingParams:
-    """The request's SamplingParams (SamplingParams' ValueError if a value is bad)."""
-    max_tokens = req.max_tokens
+def sampling_params(req: _Sampling, max_tokens_default: int = 16, logprobs=None, guided_json=None,
+                    prompt_logprobs=None, max_tokens=None) -> SamplingParams:
+    """The request's SamplingParams (SamplingParams' ValueError if a value is bad); max_tokens: instead of the
+    request's."""
+    max_tokens = req.max_tokens if max_tokens is None else max_tokens
     if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
         max_tokens = req.max_completion_tokens
     return SamplingParams(
@@ -103,7 +121,7 @@ def sampling_params(req: _Sampling, max_tokens_default: int = 16, logprobs=None,
         max_tokens=_given(max_tokens, max_tokens_default), stop=req.stop, stop_token_ids=req.stop_token_ids,
         ignore_eos=_given(req.ignore_eos, False), seed=req.seed,
         presence_penalty=_given(req.presence_penalty, 0.0), frequency_penalty=_given(req.frequency_penalty, 0.0),
-        repetition_penalty=_given(req.repetition_penalty, 1.0), logprobs=logprobs,
+        repetition_penalty=_given(req.repetition_penalty, 1.0), logprobs=logprobs, prompt_logprobs=prompt_logprobs,
         guided_regex=req.guided_regex, guided_json=_given(req.guided_json, guided_json),
         guided_choice=req.guided_choice)
 
@@ -124,6 +142,14 @@ def response_format_schema(fmt: Optional[dict]):
 
 
 # ---------------------------------------------------------------------------- errors
+class ServeError(Exception):
+    """A request the server refuses (400: a bad field, named by param; 404: an unknown model)."""
+
+    def __init__(self, message: str, status: int = 400, param: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
 def error_body(message: str, status: int = 400, param: Optional[str] = None) -> dict:
     kind = {400: "invalid_request_error", 404: "invalid_request_error"}.get(status, "server_error")
     code = "model_not_found" if status == 404 and param == "model" else None
@@ -157,23 +183,52 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def token_text(tokenizer, token: int) -> str:
-    """A token as text for logprobs (llama2.c vocabularies: its piece, e.g. ' the' or '<0x0A>')."""
+    """A token as text for logprobs (llama2.c vocabularies: its piece, e.g. ' the' or '<0x0A>'; BOS and EOS as
+    <s> and </s>)."""
     if hasattr(tokenizer, "pieces"):
+        if token in (tokenizer.bos_id, tokenizer.eos_id):             # pieces "\n<s>\n", "\n</s>\n": not text
+            return "</s>" if token == tokenizer.eos_id else "<s>"
         return tokenizer.pieces[token].decode("utf-8", errors="replace")
     return tokenizer.decode([token])
 
 
-def completion_logprobs(tokenizer, entries: list, text_offset: int) -> dict:
-    """Per token {id: logprob} (the token's first) -> the completions API's logprobs object."""
+def completion_logprobs(tokenizer, entries: list, text_offset: int, token_ids: Optional[list] = None) -> dict:
+    """Per token {id: logprob} (the token's first) -> the completions API's logprobs object. An entry None (an
+    echoed prompt's first token, which nothing predicts) is null there, as in OpenAI's legacy API; its token is
+    token_ids[i]."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for d in entries:
-        (tok, lp), *_ = d.items()
+    for i, d in enumerate(entries):
+        (tok, lp), *_ = d.items() if d is not None else [(token_ids[i], None)]
         text = token_text(tokenizer, tok)
         out["tokens"].append(text)
         out["token_logprobs"].append(lp)
-        out["top_logprobs"].append({token_text(tokenizer, t): x for t, x in d.items()})
+        out["top_logprobs"].append({token_text(tokenizer, t): x for t, x in d.items()} if d is not None else None)
         out["text_offset"].append(text_offset)
         text_offset += len(text)
+    return out
+
+
+def top(entry: Optional[dict], k: int) -> Optional[dict]:
+    """One position's {id: logprob} (the token's first, then the most likely) cut to the token and the top k."""
+    if entry is None:
+        return None
+    (tok, lp), *_ = entry.items()
+    best = sorted(entry.items(), key=lambda kv: -kv[1])[:k]
+    return {tok: lp, **{t: x for t, x in best if t != tok}}
+
+
+def vllm_prompt_logprobs(tokenizer, entries: list, k: int) -> list:
+    """prompt_logprobs as vLLM's completions answer them: per prompt token None (the first) or
+    {token id: {"logprob", "rank", "decoded_token"}}; rank is the position among the top k (1 = most likely),
+    null for a prompt token outside them (the engine keeps no full ranking)."""
+    out = []
+    for d in entries:
+        if d is None:
+            out.append(None)
+            continue
+        ranked = {t: r for r, (t, _) in enumerate(sorted(d.items(), key=lambda kv: -kv[1])[:k], 1)}
+        out.append({str(t): {"logprob": x, "rank": ranked.get(t), "decoded_token": token_text(tokenizer, t)}
+                    for t, x in d.items()})
     return out
 
 
