@@ -225,13 +225,16 @@ class LLMEngine:
 
     @contextmanager
     def _transaction(self, batch: ScheduledBatch):
-        """Undo what a step did before its update if anything in it raises (KeyboardInterrupt included)."""
+        """Undo what a step did before its update if anything in it raises (KeyboardInterrupt included). The
+        exception then names the step's requests (`request_ids`): a server ends those and serves the rest."""
         seqs = [r.seq for r in batch.rows if r.writes] + [c for _, c in batch.forks]
         saved = [(s, s.generator.get_state()) for s in seqs if not s.params.greedy]
         scores = self.eviction.save(seqs)                                  # H2O's attention sums
         try:
             yield
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, Exception):
+                e.request_ids = list(dict.fromkeys(s.request_id for s in seqs))
             for s, state in saved:
                 s.generator.set_state(state)
             self.eviction.restore(scores)

@@ -159,9 +159,10 @@ class AsyncEngine:
                 continue
             try:
                 outputs = await loop.run_in_executor(self._pool, engine.step)
-            except Exception as e:                         # the step rolled back; its requests end with an error
-                log.exception("engine step failed")
-                for rid in list(self.streams):
+            except Exception as e:                         # the step rolled back: ITS requests end with an error,
+                log.exception("engine step failed")        # their blocks freed; the others go on
+                step = getattr(e, "request_ids", None)     # (a request's own error never gets here: see verify)
+                for rid in [r for r in self.live if step is None or r in step]:
                     self._abort(rid, error=f"engine step failed: {type(e).__name__}: {e}")
                 continue
             self.counts["steps"] += 1

@@ -1,0 +1,116 @@
+"""One failing request never ends the other streams (issue 36): 20 concurrent streams through the server, a failure
+injected, every other stream equal to its request run alone, no block leaked, the server still answering.
+
+- a request's own failure (its logits processor, its guided state's jump-forward): that request alone ends with an
+  error event; the engine turns it into that request's error (minillm.core.verify, minillm.guided.processor);
+- a failure no request explains (the model call itself): the requests in that step end with an error event, their
+  blocks freed; the requests waiting beside them run on, and new requests are served.
+"""
+import concurrent.futures as cf
+import json
+import time
+
+import pytest
+
+from minillm import LLM, SamplingParams
+from minillm.guided.processor import GuidedProcessor
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+from minillm.serve.server import BackgroundServer  # noqa: E402
+
+MODEL = "shakespeare"
+PROMPTS = [f"{name}:" for name in ("ROMEO", "JULIET", "HAMLET", "KING LEAR", "OTHELLO", "MACBETH", "PORTIA",
+                                   "BRUTUS", "FALSTAFF", "PUCK")] * 2
+MAX_TOKENS = 24
+GUIDED = {"guided_regex": "[a-z]+( [a-z]+)*"}
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(MODEL, max_num_seqs=8)        # 20 streams: 8 run, the rest wait (the no-culprit failure's bystanders)
+
+
+@pytest.fixture(scope="module")
+def alone(llm):
+    """Each stream's text run alone (greedy, so a batch must not change it)."""
+    params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, seed=i) for i in range(len(PROMPTS))]
+    return [llm.generate(p, sp)[0].text for p, sp in zip(PROMPTS, params)]
+
+
+@pytest.fixture(scope="module")
+def server(llm, alone):
+    with BackgroundServer(llm, MODEL) as s:
+        yield s
+
+
+def stats(server) -> dict:
+    return httpx.get(f"http://{server.host}:{server.port}/stats").json()
+
+
+def wait_idle(server, timeout_s=20.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (s := stats(server))["requests"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return s
+
+
+def stream(server, body: dict) -> tuple[str, str]:
+    """A streamed completion's text, and "ok" or the error event's message."""
+    text = ""
+    with httpx.stream("POST", server.url + "/completions", json={"model": MODEL, "stream": True, **body},
+                      timeout=60) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                return text, event["error"]["message"]
+            text += event["choices"][0]["text"]
+    return text, "ok"
+
+
+def run_streams(server, extra: list) -> list:
+    """The 20 greedy streams and `extra` requests, all at once -> (text, status) for each, in that order."""
+    bodies = [{"prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0} for p in PROMPTS] + extra
+    with cf.ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(lambda b: stream(server, b), bodies))
+
+
+@pytest.mark.parametrize("where", ["__call__", "jump"])
+def test_a_requests_own_failure_ends_it_alone(server, alone, monkeypatch, where):
+    """GuidedProcessor.__call__ is the request's logits processor; .jump its jump-forward (a post-processor)."""
+    def broken(self, *args):
+        raise RuntimeError(f"injected {where} failure")
+    monkeypatch.setattr(GuidedProcessor, where, broken)
+    results = run_streams(server, [{"prompt": "ROMEO:", "max_tokens": 16, "temperature": 0, **GUIDED}])
+    *others, (_, failed) = results
+    assert f"injected {where} failure" in failed
+    assert [t for t, _ in others] == alone and all(s == "ok" for _, s in others)   # 20 of 20, each as run alone
+    after = wait_idle(server)
+    assert after["free_blocks"] == after["num_blocks"] and after["streams"] == 0
+
+
+def test_a_failure_no_request_explains_ends_that_steps_requests_only(server, llm, alone):
+    runner, real = llm.engine.runner, llm.engine.runner.run
+    failed_step, seen = [], []
+
+    def broken(batch, *args):
+        seen.append(1)
+        if not failed_step and len(llm.engine.requests) == len(PROMPTS) and len(seen) > 3:
+            failed_step.extend(sorted({r.seq.request_id for r in batch.rows}))
+            raise RuntimeError("injected model failure")
+        return real(batch, *args)
+    runner.run = broken
+    try:
+        results = run_streams(server, [])
+    finally:
+        runner.run = real
+    errors = [i for i, (_, s) in enumerate(results) if s != "ok"]
+    assert failed_step and 0 < len(errors) == len(failed_step) <= 8       # that step's rows, at most max_num_seqs
+    assert all("injected model failure" in results[i][1] for i in errors)
+    survivors = [i for i in range(len(PROMPTS)) if i not in errors]
+    assert len(survivors) >= len(PROMPTS) - 8 and [results[i][0] for i in survivors] == [alone[i] for i in survivors]
+    after = wait_idle(server)
+    assert after["free_blocks"] == after["num_blocks"] and after["streams"] == 0
+    assert stream(server, {"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}) == (alone[0], "ok")
