@@ -43,6 +43,7 @@ import torch.multiprocessing as mp
 
 from ..threads import num_cores
 from .comm import Comm
+from .main_module import check_sendable, hidden_main, importable_main
 
 HOST = "127.0.0.1"
 START_TIMEOUT = timedelta(seconds=300)   # joining: a spawned rank imports torch first (seconds on a busy machine)
@@ -132,8 +133,10 @@ class RankGroup:
         self._threads_before = torch.get_num_threads()
         torch.set_num_threads(1)
         atexit.register(self.close)
-        for p in self._procs:
-            p.start()
+        self.main_hidden = not importable_main()        # stdin, -c, an unguarded script: ranks skip the main
+        with hidden_main(self.main_hidden):
+            for p in self._procs:
+                p.start()
         self.state = RankState(0, world_size, Comm(self._join(timeout), 0, world_size, on_error=self._failure))
 
     def _join(self, timeout: timedelta):
@@ -167,6 +170,7 @@ class RankGroup:
         (one item per rank, rank 0's first) fn(state, *args, each[rank]). Returns at once; rank 0 then does its own
         part (the collectives pair up)."""
         self._check_open()
+        check_sendable(fn, self.main_hidden)
         if self._dead():
             raise self._failure(None, f"sending {fn.__name__}")
         for r, q in enumerate(self._queues, start=1):
