@@ -115,15 +115,20 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--data-parallel-size", type=int, default=1,
                     help="N > 1: N replica servers (processes) behind `minillm router` on --port")
     ap.add_argument("--router-policy", default="prefix_aware", help="with --data-parallel-size: how to route")
+    ap.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                    help="LoRA adapters served as models (a PEFT directory, or a shipped adapter's name alone); "
+                         "turns on --enable-lora")
     engine_flags(ap.add_argument_group("engine (EngineConfig)"))
     a = ap.parse_args(argv)
+    modules = dict(m.split("=", 1) if "=" in m else (m, m) for m in a.lora_modules)
+    a.enable_lora = a.enable_lora or bool(modules)
     if a.data_parallel_size != 1:
         from .cluster.http_router import serve_replicas
         return serve_replicas(argv, a.data_parallel_size, a.router_policy, a.host, a.port)
     sock = bind(a.host, a.port)                    # a port in use fails now, before the model loads
     options = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if f.name != "tokenizer"}
     llm = LLM(a.model, tokenizer=a.tokenizer, **options)
-    serve(llm.engine, a.served_model_name or a.model, a.host, a.port, sock=sock)
+    serve(llm.engine, a.served_model_name or a.model, a.host, a.port, sock=sock, lora_modules=modules)
     return 0
 
 

@@ -149,3 +149,19 @@ def test_data_parallel_size_and_policy_are_checked_before_anything_starts():
         serve_replicas([], 0, "round_robin", "127.0.0.1", 0)
     with pytest.raises(ValueError, match="routing policy"):
         serve_replicas([], 2, "fastest", "127.0.0.1", 0)
+
+
+def test_evaluation_requests_pass_through_the_router(replicas):
+    """An evaluation harness behind the router: echo scoring and the tokenizer endpoints answer as one server."""
+    servers, _ = replicas
+    with BackgroundRouter([s.url for s in servers], "round_robin") as r:
+        base = r.url.removesuffix("/v1")
+        info = httpx.get(base + "/tokenizer_info").json()
+        ids = httpx.post(base + "/tokenize", json={"prompt": PROMPTS[0], "add_special_tokens": False}).json()["tokens"]
+        assert info["eos_token"] == "</s>" and httpx.get(base + "/health").json() == {"status": "ok"}
+        assert httpx.post(base + "/detokenize", json={"tokens": ids}).json()["prompt"] == PROMPTS[0]
+        body = {"model": "shakespeare", "prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 0}
+        scored = [httpx.post(r.url + "/completions", json=body).json()["choices"][0]["logprobs"]["token_logprobs"]
+                  for _ in range(2)]                              # once on each replica: the same numbers
+        assert scored[0][0] is None and scored[0] == scored[1] and len(scored[0]) == len(ids)
+        assert settled(r) == [0, 0]

@@ -27,7 +27,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..serve.server import BackgroundApp
 from .router import CacheAware, Router, check_policy
 
-FORWARDED = ("/v1/completions", "/v1/chat/completions")
+FORWARDED = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+FIRST_REPLICA = ("/v1/models", "/tokenizer_info")   # the same answer from every replica: asked of the first
 
 
 def prompt_key(path: str, body: dict) -> list:
@@ -115,13 +116,19 @@ def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: O
     for path in FORWARDED:
         app.post(path)(forward)
 
-    @app.get("/v1/models")
-    async def models():
+    async def first_replica(request: Request):
         try:
-            answer = await client().get(urls[0] + "/v1/models")
+            answer = await client().get(urls[0] + request.url.path)
         except httpx.HTTPError as e:
             return unreachable(0, e)
         return Response(answer.content, status_code=answer.status_code, media_type="application/json")
+
+    for path in FIRST_REPLICA:
+        app.get(path)(first_replica)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
 
     @app.get("/router")
     async def stats():

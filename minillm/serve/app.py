@@ -18,7 +18,7 @@ from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..formats.chat_template import CHAT_STOP, CHAT_TEMPLATE, render_chat
@@ -29,11 +29,18 @@ from .protocol import ServeError
 from .stream import Delta
 
 
-def build_app(engine, model_name: str, chat_template: Optional[str] = None, max_logprobs: int = 20) -> FastAPI:
+def build_app(engine, model_name: str, chat_template: Optional[str] = None, max_logprobs: int = 20,
+              lora_modules: Optional[dict] = None) -> FastAPI:
     """engine: an LLMEngine (llm.engine); it belongs to the app's engine loop while the app runs. max_logprobs:
-    the most top-k a request may ask per token (logprobs, prompt_logprobs, top_logprobs; vLLM's default 20)."""
+    the most top-k a request may ask per token (logprobs, prompt_logprobs, top_logprobs; vLLM's default 20).
+    lora_modules: {served name: a LoRA adapter's shipped name or PEFT directory} (needs enable_lora): a request
+    whose `model` is such a name runs with that adapter, as vLLM's --lora-modules; each is read now."""
     aengine = AsyncEngine(engine)
     served = Served(aengine, model_name, engine.tokenizer, engine.config.max_model_len, chat_template, max_logprobs)
+    for name, spec in (lora_modules or {}).items():
+        if name == model_name:
+            raise ValueError(f"LoRA module name {name!r} is the base model's served name: choose another")
+        served.adapters[name] = (spec, engine.lora_adapter(spec))
 
     @asynccontextmanager
     async def lifespan(app):
@@ -60,13 +67,19 @@ class Served:
         self.aengine, self.model_name = aengine, model_name
         self.tokenizer, self.max_model_len = tokenizer, max_model_len
         self.max_logprobs = max_logprobs                 # the most top-k a request may ask per token (vLLM's 20)
+        self.adapters: dict = {}                         # served name -> (what it was given as, its LoRAAdapter)
         self.template = chat_template or getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE
         self.created = int(time.time())
 
     def check_model(self, name: str):
-        if name != self.model_name:
-            raise ServeError(f"The model `{name}` does not exist (this server serves {self.model_name!r}: "
-                             f"GET /v1/models)", 404, "model")
+        """A request's `model` -> the LoRA adapter it names (None: the base model), or a 404."""
+        if name == self.model_name:
+            return None
+        if name in self.adapters:
+            return self.adapters[name][1]
+        served = ", ".join(repr(n) for n in [self.model_name, *self.adapters])
+        raise ServeError(f"The model `{name}` does not exist (this server serves {served}: GET /v1/models)", 404,
+                         "model")
 
     async def submit(self, prompts, params, req, rid, fill_context=False):
         if req.stream and params.num_samples > params.n:
@@ -74,7 +87,8 @@ class Served:
                              "only when all have finished", param="best_of")
         try:
             return await self.aengine.submit(prompts, params, request_id=rid, priority=req.priority,
-                                             client=req.user, fill_context=fill_context)
+                                             client=req.user, fill_context=fill_context,
+                                             lora=self.check_model(req.model))
         except ValueError as e:
             raise ServeError(str(e)) from None
 
@@ -118,10 +132,19 @@ def _add_info_routes(app: FastAPI, served: Served):
         """The engine's counters (not OpenAI's API): requests, running, waiting, free_blocks of num_blocks."""
         return await served.aengine.stats()
 
+    @app.get("/metrics")
+    async def metrics():
+        """Prometheus text (vLLM's names, prefix minillm:): requests running and waiting, KV blocks, tokens."""
+        return PlainTextResponse(P.prometheus(await served.aengine.stats(), served.model_name),
+                                 media_type="text/plain; version=0.0.4")
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served.model_name, "object": "model", "created": served.created,
-                                            "owned_by": "minillm", "max_model_len": served.max_model_len}]}
+        base = {"id": served.model_name, "object": "model", "created": served.created, "owned_by": "minillm",
+                "root": served.model_name, "parent": None, "max_model_len": served.max_model_len}
+        adapters = [{**base, "id": name, "root": str(spec), "parent": served.model_name}
+                    for name, (spec, _) in served.adapters.items()]
+        return {"object": "list", "data": [base, *adapters]}
 
 
 def _add_completion_routes(app: FastAPI, served: Served):
@@ -138,7 +161,7 @@ def _add_completion_routes(app: FastAPI, served: Served):
                             max_tokens=1 if echo.score_only else None)
         rid = f"cmpl-{uuid.uuid4().hex}"
         group = await served.submit(prompts, params, req, rid)
-        shape = Shape(rid, served.model_name, params.n, served.tokenizer, chat=False, token_ids=req.return_token_ids,
+        shape = Shape(rid, req.model, params.n, served.tokenizer, chat=False, token_ids=req.return_token_ids,
                       echo=echo)
         if req.stream:
             return stream_response(group, shape, req.stream_options)
@@ -167,7 +190,7 @@ def _add_chat_routes(app: FastAPI, served: Served):
             params = replace(params, stop=params.stop + [CHAT_STOP])
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         group = await served.submit([text], params, req, rid, fill_context=fill)
-        shape = Shape(rid, served.model_name, params.n, tokenizer, chat=True, token_ids=req.return_token_ids,
+        shape = Shape(rid, req.model, params.n, tokenizer, chat=True, token_ids=req.return_token_ids,
                       top_logprobs=top if req.logprobs else None)
         if req.stream:
             return stream_response(group, shape, req.stream_options)

@@ -18,8 +18,10 @@ this has a thread.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -46,6 +48,7 @@ class _Add:
     priority: int
     client: object
     fill_context: bool          # max_tokens: whatever the context leaves after the prompt (chat's default, as vLLM)
+    lora: object                # the LoRA adapter a served adapter name stands for (None: the base model)
     queue: asyncio.Queue
     accepted: asyncio.Future    # -> each prompt's token ids, or the ValueError that refused them (nothing queued)
 
@@ -98,7 +101,9 @@ class AsyncEngine:
         self.inbox: Optional[asyncio.Queue] = None
         self.streams: dict[str, _Stream] = {}
         self.live: set = set()                  # ids this loop queued that are still in the engine
-        self.counts = {"added": 0, "finished": 0, "aborted": 0, "errors": 0, "steps": 0}
+        self.counts = {"added": 0, "finished": 0, "aborted": 0, "errors": 0, "steps": 0, "prompt_tokens": 0,
+                       "generation_tokens": 0}
+        self.recent: collections.deque = collections.deque()   # (time, tokens generated) per step, the last 10 s
         self._task: Optional[asyncio.Task] = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minillm-step")
         self._ids = itertools.count()
@@ -123,7 +128,7 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ the handlers' side
     async def submit(self, prompts: list, params, *, request_id: Optional[str] = None, priority: int = 0,
-                     client=None, fill_context: bool = False) -> RequestGroup:
+                     client=None, fill_context: bool = False, lora=None) -> RequestGroup:
         """Queue one request per prompt, all validated before any is queued (the engine's ValueError if one is
         refused; "prompt i: ..." when there are several). The caller iterates the group and closes it in a
         `finally`: closing early aborts what still runs."""
@@ -132,7 +137,7 @@ class AsyncEngine:
         base = request_id or f"req-{next(self._ids)}"
         rids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
         queue, accepted = asyncio.Queue(), asyncio.get_running_loop().create_future()
-        await self.inbox.put(_Add(list(prompts), params, rids, priority, client, fill_context, queue, accepted))
+        await self.inbox.put(_Add(list(prompts), params, rids, priority, client, fill_context, lora, queue, accepted))
         try:
             prompt_ids = await accepted
         except asyncio.CancelledError:                   # the client left while its requests were being queued
@@ -166,13 +171,26 @@ class AsyncEngine:
                     self._abort(rid, error=f"engine step failed: {type(e).__name__}: {e}")
                 continue
             self.counts["steps"] += 1
+            before = self.counts["generation_tokens"]
             for out in outputs:
                 self._publish(out)
             for out in engine.pop_finished():              # finished in this step
                 self._publish(out)
                 self.live.discard(out.request_id)
+            self._count_rate(self.counts["generation_tokens"] - before)
             if not outputs:
                 await asyncio.sleep(0.001)                 # nothing ran (e.g. a batching window): do not spin
+
+    def _count_rate(self, tokens: int, window_s: float = 10.0):
+        now = time.monotonic()
+        self.recent.append((now, tokens))
+        while self.recent and self.recent[0][0] < now - window_s:
+            self.recent.popleft()
+
+    def tokens_per_s(self, window_s: float = 10.0) -> float:
+        """Tokens generated per second over the last window_s seconds (0 when idle that long)."""
+        now = time.monotonic()
+        return sum(n for t, n in self.recent if t >= now - window_s) / window_s
 
     def _apply(self, cmd):
         engine = self.engine
@@ -193,14 +211,17 @@ class AsyncEngine:
                 self.live.add(r.request_id)
                 self.streams[r.request_id] = _Stream(cmd.queue, DeltaTracker(r.params.stop))
                 self.counts["added"] += 1
+                self.counts["prompt_tokens"] += len(r.prompt_ids)
+                log.info("request %s queued: %d prompt tokens", r.request_id, len(r.prompt_ids))
             cmd.accepted.set_result([list(r.prompt_ids) for r in requests])
         elif isinstance(cmd, _Abort):
             self._abort(cmd.request_id)
         elif isinstance(cmd, _Stats):
             bm, sched = engine.block_manager, engine.scheduler
             cmd.answer.set_result({**self.counts, "requests": len(engine.requests), "running": len(sched.running),
-                                   "waiting": len(sched.waiting), "num_blocks": bm.num_blocks,
-                                   "free_blocks": bm.num_free, "streams": len(self.streams)})
+                                   "waiting": len(sched.waiting), "swapped": len(sched.swapped),
+                                   "num_blocks": bm.num_blocks, "free_blocks": bm.num_free,
+                                   "streams": len(self.streams), "tokens_per_s": self.tokens_per_s()})
 
     def _make(self, cmd: _Add, i: int):
         engine, prompt, params = self.engine, cmd.prompts[i], cmd.params
@@ -208,7 +229,8 @@ class AsyncEngine:
             if cmd.fill_context:
                 ids = engine.validate(prompt)
                 params = replace(params, max_tokens=max(1, engine.config.max_model_len - len(ids)))
-            return engine.make_request(prompt, params, cmd.request_ids[i], priority=cmd.priority, client=cmd.client)
+            return engine.make_request(prompt, params, cmd.request_ids[i], priority=cmd.priority, client=cmd.client,
+                                       lora=cmd.lora)
         except ValueError as e:
             raise ValueError(f"prompt {i}: {e}" if len(cmd.prompts) > 1 else str(e)) from None
 
@@ -222,6 +244,7 @@ class AsyncEngine:
         if not engine.requests[rid].finished:
             engine.abort(rid)
             self.counts["aborted"] += 1
+            log.info("request %s aborted%s", rid, f": {error}" if error else "")
         out = engine.requests.pop(rid).output()
         if stream is not None:
             deltas = stream.tracker.deltas(out)
@@ -234,9 +257,13 @@ class AsyncEngine:
         if stream is None:
             return
         deltas = stream.tracker.deltas(out)
+        self.counts["generation_tokens"] += sum(len(d.token_ids) for d in deltas)
         if out.finished:
             del self.streams[out.request_id]
             self.counts["finished"] += 1
             self.counts["errors"] += any(c.finish_reason == "error" for c in out.outputs)
+            log.info("request %s finished: %s", out.request_id, ", ".join(
+                f"{len(c.token_ids)} tokens ({c.finish_reason}{': ' + c.error if c.error else ''})"
+                for c in out.outputs))
         if deltas or out.finished:
             stream.queue.put_nowait(Update(out.request_id, deltas, out.finished, out if out.finished else None))

@@ -260,6 +260,29 @@ def chat_object(rid: str, model: str, choices: list, usage_: Optional[dict], chu
     return obj
 
 
+def prometheus(stats: dict, model: str) -> str:
+    """The engine loop's counters (AsyncEngine.stats) as Prometheus text, under vLLM's metric names."""
+    label = '{model_name="' + model.replace("\\", "\\\\").replace('"', '\\"') + '"}'
+    rows = [("num_requests_running", "gauge", "requests in the running batch", stats["running"]),
+            ("num_requests_waiting", "gauge", "requests waiting to be scheduled", stats["waiting"]),
+            ("num_requests_swapped", "gauge", "requests swapped out to host memory", stats["swapped"]),
+            ("kv_blocks_used", "gauge", "KV cache blocks in use", stats["num_blocks"] - stats["free_blocks"]),
+            ("kv_blocks_total", "gauge", "KV cache blocks in the pool", stats["num_blocks"]),
+            ("kv_cache_usage_perc", "gauge", "fraction of KV blocks in use",
+             1 - stats["free_blocks"] / max(1, stats["num_blocks"])),
+            ("generation_tokens_per_second", "gauge", "tokens generated per second, the last 10 s",
+             stats["tokens_per_s"]),
+            ("prompt_tokens_total", "counter", "prompt tokens of the requests queued", stats["prompt_tokens"]),
+            ("generation_tokens_total", "counter", "tokens generated", stats["generation_tokens"]),
+            ("request_success_total", "counter", "requests finished", stats["finished"] - stats["errors"]),
+            ("request_failure_total", "counter", "requests that ended with an error", stats["errors"]),
+            ("request_abort_total", "counter", "requests aborted (a client left, a step failed)", stats["aborted"])]
+    out = []
+    for name, kind, doc, value in rows:
+        out += [f"# HELP minillm:{name} {doc}", f"# TYPE minillm:{name} {kind}", f"minillm:{name}{label} {value}"]
+    return "\n".join(out) + "\n"
+
+
 def sse(obj) -> str:
     """One server-sent event."""
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -6,6 +6,7 @@ line after the model has loaded), and port=0 asks the OS for a free one; uvicorn
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import threading
 import time
@@ -39,10 +40,16 @@ def _server(app, log_level: str = "warning", grace_s: float = 5.0):
 
 
 def serve(engine, model_name: str, host: str = "127.0.0.1", port: int = 8000, sock: Optional[socket.socket] = None,
-          log_level: str = "info"):
-    """Serve in the foreground until interrupted (Ctrl-C). engine: an LLMEngine (llm.engine)."""
+          log_level: str = "info", **app_options):
+    """Serve in the foreground until interrupted (Ctrl-C). engine: an LLMEngine (llm.engine); app_options:
+    build_app's (lora_modules, max_logprobs, chat_template). Each request's id is logged as it is queued and ends."""
     sock = sock or bind(host, port)
-    server = _server(build_app(engine, model_name), log_level)
+    if not logging.getLogger("minillm").handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s %(message)s"))   # beside uvicorn's
+        logging.getLogger("minillm").addHandler(handler)
+        logging.getLogger("minillm").setLevel(log_level.upper())
+    server = _server(build_app(engine, model_name, **app_options), log_level)
     print(f"minillm serving {model_name!r} at http://{host}:{sock.getsockname()[1]}/v1 (OpenAI API; Ctrl-C stops)",
           flush=True)
     server.run(sockets=[sock])
@@ -87,6 +94,7 @@ class BackgroundServer(BackgroundApp):
     llm: an LLM (or an LLMEngine); its engine belongs to the server until stop(), then it is the LLM's again."""
 
     def __init__(self, llm, model_name: Optional[str] = None, host: str = "127.0.0.1", port: int = 0,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, **app_options):
         self.model_name = model_name or "minillm"
-        super().__init__(build_app(getattr(llm, "engine", llm), self.model_name), host, port, timeout_s, "server")
+        super().__init__(build_app(getattr(llm, "engine", llm), self.model_name, **app_options), host, port,
+                         timeout_s, "server")
