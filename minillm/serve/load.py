@@ -31,6 +31,7 @@ class StreamRecord:
     ttft_s: Optional[float] = None
     total_s: float = 0.0
     disconnected: bool = False
+    error: Optional[str] = None     # the error event that ended the stream (finish_reason "error")
 
 
 @dataclass
@@ -50,11 +51,17 @@ class LoadResult:
                 "ttft_p90_ms": round(pick(0.9), 1) if ttft else None, "ttft_max_ms": round(ttft[-1] * 1e3, 1)
                 if ttft else None}
 
-    def wrong(self, references: list) -> list:
-        """Indices of completed streams whose text or token ids differ from references[i] (text, token ids), and
-        of disconnected ones whose partial stream is not a prefix of the reference."""
+    def wrong(self, references: list, failing=()) -> list:
+        """Indices of completed streams whose text or token ids differ from references[i] (text, token ids), of
+        disconnected ones whose partial stream is not a prefix of the reference, and of streams that ended with an
+        error but are not among `failing` (or are, and did not)."""
         bad = []
         for r in self.records:
+            if (r.error is not None) != (r.prompt_index in failing):
+                bad.append(r.prompt_index)
+                continue
+            if r.error is not None:
+                continue
             text, ids = references[r.prompt_index]
             if r.disconnected:
                 ok = text.startswith(r.text) and ids[:len(r.token_ids)] == r.token_ids
@@ -65,14 +72,18 @@ class LoadResult:
         return bad
 
 
-async def one_stream(client, model: str, i: int, prompt: str, max_tokens: int, disconnect_after: Optional[int]):
+async def one_stream(client, model: str, i: int, prompt: str, max_tokens: int, disconnect_after: Optional[int],
+                     extra: Optional[dict] = None):
     """One streaming completion; disconnect_after=k closes the connection after k chunks (of an answer asked to
-    be LEAVER_TOKENS long, so that only an abort can end it early)."""
+    be LEAVER_TOKENS long, so that only an abort can end it early); extra: more request fields. A stream that
+    ends with an error event is recorded with its message."""
+    from openai import APIError
     rec, t0 = StreamRecord(i), time.perf_counter()
     if disconnect_after is not None:
         max_tokens = max(max_tokens, LEAVER_TOKENS)
     stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                             stream=True, extra_body={"return_token_ids": True, "ignore_eos": True})
+                                             stream=True, extra_body={"return_token_ids": True, "ignore_eos": True,
+                                                                      **(extra or {})})
     chunks = 0
     try:
         async for chunk in stream:
@@ -87,6 +98,8 @@ async def one_stream(client, model: str, i: int, prompt: str, max_tokens: int, d
             if disconnect_after is not None and chunks >= disconnect_after:
                 rec.disconnected = True
                 break
+    except APIError as e:
+        rec.finish_reason, rec.error = "error", str(e)
     finally:
         await stream.close()
     rec.total_s = time.perf_counter() - t0
@@ -94,13 +107,14 @@ async def one_stream(client, model: str, i: int, prompt: str, max_tokens: int, d
 
 
 async def run_load(url: str, model: str, prompts: list, max_tokens: int, disconnect: Optional[dict] = None,
-                   timeout_s: float = 600.0) -> LoadResult:
-    """Every prompt as its own streaming client, all at once. disconnect: {prompt index: chunks before closing}."""
+                   timeout_s: float = 600.0, extra: Optional[dict] = None) -> LoadResult:
+    """Every prompt as its own streaming client, all at once. disconnect: {prompt index: chunks before closing};
+    extra: {prompt index: more request fields}."""
     from openai import AsyncOpenAI
-    disconnect = disconnect or {}
+    disconnect, extra = disconnect or {}, extra or {}
     async with AsyncOpenAI(base_url=url, api_key="none", timeout=timeout_s, max_retries=0) as client:
         t0 = time.perf_counter()
-        records = await asyncio.gather(*(one_stream(client, model, i, p, max_tokens, disconnect.get(i))
+        records = await asyncio.gather(*(one_stream(client, model, i, p, max_tokens, disconnect.get(i), extra.get(i))
                                          for i, p in enumerate(prompts)))
         return LoadResult(list(records), time.perf_counter() - t0)
 
