@@ -2,6 +2,8 @@
 # make test     create .venv, install, run pytest and nbval on every notebook
 # make student  write student/: the notebooks with exercise solutions removed
 # make grade DIR=student  run every exercise checker on a folder of notebooks and print a score sheet
+# make dist-student [FORCE=1]  dist/minillm-student.zip: student notebooks (no solutions, no answers), wheel, README
+# make test-dist  build the wheel and the student zip, install them in a fresh venv elsewhere, run notebook 00 there
 # make test-clients  install lm-evaluation-harness (the clients extra) and run it against the server
 # make test-slow  the long runs kept out of make test (the 10,000-schedule fuzzer: MINILLM_FUZZ_EXAMPLES)
 # make test-notebooks-busy  nbval on every notebook with two busy loops running beside it (a busy laptop)
@@ -20,7 +22,7 @@ STAMP      := $(VENV)/.installed
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root,)
 NBVAL      := --nbval --nbval-current-env --nbval-cell-timeout=120 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: install lab test test-unit test-notebooks test-notebooks-busy test-slow test-clients lint student grade clean gpu-check
+.PHONY: install lab test test-unit test-notebooks test-notebooks-busy test-slow test-clients test-dist dist-student lint student grade clean gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +50,17 @@ test-unit: install
 test-clients: install
 	$(BIN)/python -m pip install -q -e ".[clients]" 2>&1 | grep -v "is ignored" || true
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q -m clients tests
+
+dist-student: install
+	rm -rf build/wheel
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation . -w build/wheel 2>&1 | grep -v "is ignored" || true
+	$(BIN)/python -m minillm.labs.dist --wheel build/wheel/minillm-*.whl --out dist/minillm-student.zip \
+		$(if $(FORCE),--force,)
+
+# The fresh venv takes the same torch as this one (TORCH_SPEC, TORCH_PIP_ARGS), from the same registries.
+test-dist: install
+	TORCH_SPEC="$(TORCH_SPEC)" TORCH_PIP_ARGS="$(TORCH_PIP_ARGS)" MINILLM_PROGRESS=0 \
+		$(BIN)/python -m pytest -q -m dist tests
 
 test-slow: install
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q -m slow tests
