@@ -163,3 +163,18 @@ def test_warm_up_checkers_name_the_common_mistake():
         assert not result.passed and mistake in result.message, (mistake, result)
     wrong = CHECKERS["check_temperature_softmax"](lambda x, t: torch.softmax(x, -1))   # no mistake we know: the error
     assert not wrong.passed and "max abs error" in wrong.message
+
+
+def test_grade_csv_has_a_row_per_student_folder_and_a_column_per_exercise(tmp_path, probe, capsys):
+    import csv
+    import io
+    good = _notebook("def my_inc(x):\n    return x + 1\n", "check_probe(my_inc)")
+    stub = _notebook("def my_inc(x):\n    raise NotImplementedError()\n", "check_probe(my_inc)")
+    for student, nb in [("alice", good), ("bob", stub)]:
+        (tmp_path / student).mkdir()
+        (tmp_path / student / "01_lab.ipynb").write_text(json.dumps(nb))
+    assert grade_main([str(tmp_path / "alice"), str(tmp_path / "bob"), "--csv"]) == 1     # bob fails
+    rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+    assert rows[0] == ["folder", "01_lab.ipynb:check_probe", "core_passed", "warmup_passed"]
+    assert [r[:2] for r in rows[1:]] == [[str(tmp_path / "alice"), "pass"], [str(tmp_path / "bob"), "fail"]]
+    assert grade_main([str(tmp_path / "alice"), "--csv"]) == 0

@@ -73,21 +73,47 @@ def score_sheet(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def csv_sheet(folders: dict) -> str:
+    """{folder: rows} -> CSV, one row per folder (a student), one column per exercise ("notebook:checker"), cells
+    pass / fail, then the core and warm-up totals: the shape a learning-management system imports."""
+    import csv
+    import io
+    columns = list(dict.fromkeys(f"{r['notebook']}:{r['exercise']}" for rows in folders.values() for r in rows))
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["folder", *columns, "core_passed", "warmup_passed"])
+    for folder, rows in folders.items():
+        got = {f"{r['notebook']}:{r['exercise']}": "pass" if r["passed"] else "fail" for r in rows}
+        w.writerow([folder, *(got.get(c, "missing") for c in columns),
+                    sum(r["passed"] for r in rows if r["kind"] == "core"),
+                    sum(r["passed"] for r in rows if r["kind"] == "warm-up")])
+    return out.getvalue()
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m minillm grade", description=__doc__.split("\n")[0])
-    ap.add_argument("dir", help="a folder of notebooks, e.g. student/ (make student writes it)")
+    ap.add_argument("dirs", nargs="+", metavar="dir",
+                    help="a folder of notebooks, e.g. student/ (make student writes it); several: one per student")
     ap.add_argument("--gpu", action="store_true", help="run the kernel puzzles on a GPU, not the simulator")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the sheet")
+    ap.add_argument("--csv", action="store_true", help="one CSV row per folder, one column per exercise")
     a = ap.parse_args(argv)
-    if not os.path.isdir(a.dir):
-        print(f"error: {a.dir} is not a folder (make student writes student/)", file=sys.stderr)
-        return 2
-    names = sorted(n for n in os.listdir(a.dir) if n.endswith(".ipynb"))
-    if not names:
-        print(f"error: no .ipynb notebooks in {a.dir}", file=sys.stderr)
-        return 2
+    names = {}
+    for d in a.dirs:
+        if not os.path.isdir(d):
+            print(f"error: {d} is not a folder (make student writes student/)", file=sys.stderr)
+            return 2
+        names[d] = sorted(n for n in os.listdir(d) if n.endswith(".ipynb"))
+        if not names[d]:
+            print(f"error: no .ipynb notebooks in {d}", file=sys.stderr)
+            return 2
     from ..kernels import use_simulator
     use_simulator(not a.gpu)          # before anything imports numba.cuda
-    rows = [row for name in names for row in grade_notebook(os.path.join(a.dir, name))]
-    print(json.dumps(rows, indent=1) if a.json else score_sheet(rows))
-    return 0 if all(r["passed"] for r in rows) else 1
+    folders = {d: [row for name in names[d] for row in grade_notebook(os.path.join(d, name))] for d in a.dirs}
+    if a.csv:
+        print(csv_sheet(folders), end="")
+    elif a.json:
+        print(json.dumps(folders[a.dirs[0]] if len(a.dirs) == 1 else folders, indent=1))
+    else:
+        print("\n\n".join((f"{d}\n" if len(a.dirs) > 1 else "") + score_sheet(rows) for d, rows in folders.items()))
+    return 0 if all(r["passed"] for rows in folders.values() for r in rows) else 1
