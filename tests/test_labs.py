@@ -110,7 +110,8 @@ def test_grade_finds_exercises_and_scores_them(tmp_path, probe):
                                                     ("check_probe", "undefined"), ("check_nonexistent", "my_inc")]
     for name, nb in [("a_good.ipynb", good), ("b_bad.ipynb", bad)]:
         (tmp_path / name).write_text(json.dumps(nb))
-    rows = grade_notebook(str(tmp_path / "a_good.ipynb")) + grade_notebook(str(tmp_path / "b_bad.ipynb"))
+    rows = grade_notebook(str(tmp_path / "a_good.ipynb"), isolate=False) + \
+        grade_notebook(str(tmp_path / "b_bad.ipynb"), isolate=False)             # check_probe lives in this process
     assert [r["passed"] for r in rows] == [True, False, False, False, False]
     messages = [r["message"] for r in rows[1:]]
     assert "not implemented" in messages[0]
@@ -173,8 +174,8 @@ def test_grade_csv_has_a_row_per_student_folder_and_a_column_per_exercise(tmp_pa
     for student, nb in [("alice", good), ("bob", stub)]:
         (tmp_path / student).mkdir()
         (tmp_path / student / "01_lab.ipynb").write_text(json.dumps(nb))
-    assert grade_main([str(tmp_path / "alice"), str(tmp_path / "bob"), "--csv"]) == 1     # bob fails
+    assert grade_main([str(tmp_path / "alice"), str(tmp_path / "bob"), "--csv", "--in-process"]) == 1   # bob fails
     rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
     assert rows[0] == ["folder", "01_lab.ipynb:check_probe", "core_passed", "warmup_passed"]
     assert [r[:2] for r in rows[1:]] == [[str(tmp_path / "alice"), "pass"], [str(tmp_path / "bob"), "fail"]]
-    assert grade_main([str(tmp_path / "alice"), "--csv"]) == 0
+    assert grade_main([str(tmp_path / "alice"), "--csv", "--in-process"]) == 0

@@ -134,10 +134,24 @@ def _task(user_obj) -> str:
 DRAWINGS: dict = {}     # checker name -> what its last run kept for drawing (notebook 03's kernel launches)
 
 
-def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None):
+def _reference_problem(user_obj) -> str | None:
+    """The engine's own implementation handed in as the answer (imported, assigned, or wrapped by functools).
+    minillm.labs' own functions are let through here (the tests hand checkers the labs' planted mistakes);
+    `minillm grade` refuses any import from minillm.labs but its checkers (minillm.labs.isolate)."""
+    inner = getattr(user_obj, "func", None) or getattr(user_obj, "__wrapped__", None) or user_obj
+    module = getattr(inner, "__module__", None) or ""
+    if (module == "minillm" or module.startswith("minillm.")) and not module.startswith("minillm.labs"):
+        return (f"{getattr(inner, '__qualname__', inner)!s:.60} is minillm's own (from {module}): the exercise asks "
+                "you to write it, not to hand in the engine's")
+    return None
+
+
+def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None, allow: tuple = ()):
     """Register a checker. `signature` ("q, k, v") is how the checker calls the reader's function: a
     function that cannot take those arguments fails before it runs. Everything the reader's code does
-    becomes a result: an assertion's message, an exception's type and text, "timed out" past LIMIT_S."""
+    becomes a result: an assertion's message, an exception's type and text, "timed out" past LIMIT_S.
+    allow: the minillm names the exercise cell may import ("minillm.core.policies.SchedulingPolicy": a base
+    class to extend); `minillm grade` fails a cell that imports any other (minillm.labs.isolate)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
@@ -145,7 +159,7 @@ def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None):
         def run(user_obj) -> ExerciseResult:
             def result(passed, msg):
                 return ExerciseResult(body.__name__, passed, msg, kind, DRAWINGS.get(body.__name__))
-            problem = _signature_problem(user_obj, signature)
+            problem = _reference_problem(user_obj) or _signature_problem(user_obj, signature)
             if problem:
                 return result(False, problem)
             try:
@@ -161,7 +175,7 @@ def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None):
                 return result(False, f"{type(e).__name__}: {e}")
         run.__name__ = run.__qualname__ = body.__name__
         run.__doc__ = body.__doc__
-        run.kind, run.signature = kind, signature
+        run.kind, run.signature, run.allow = kind, signature, tuple(allow)
         CHECKERS[body.__name__] = run
         return run
     return register(fn) if fn is not None else register

@@ -34,9 +34,12 @@ def find_exercises(nb: dict) -> list[tuple[str, str, str]]:
     return found
 
 
-def grade_notebook(path: str) -> list[dict]:
+def grade_notebook(path: str, isolate: bool = True) -> list[dict]:
+    """Every exercise of the notebook at path -> a row each. isolate: each in its own process, fenced
+    (minillm.labs.isolate); False: all in this one (faster; a cell could then reach the next exercise)."""
     from . import CHECKERS
-    from .common import TimeLimit, run_limited
+    from .common import LIMIT_S
+    from .isolate import run_apart
     from .student import read_notebook
 
     rows = []
@@ -48,18 +51,45 @@ def grade_notebook(path: str) -> list[dict]:
             row.update(passed=False, message=f"no checker named {check} in minillm.labs")
         elif cell is None:
             row.update(passed=False, message=f"no code cell above the check defines {name}")
+        elif isolate:
+            row.update(run_apart(grade_exercise, (check, name, cell, row["notebook"]), 2 * LIMIT_S + 60))
         else:
-            ns = {"__name__": "__exercise__"}
-            try:
-                run_limited(lambda: exec(compile(cell, f"<{row['notebook']}: {name}>", "exec"), ns))
-                result = run(ns.get(name))
-                row.update(passed=result.passed, message=result.message)
-            except TimeLimit:
-                row.update(passed=False, message="the exercise cell itself timed out")
-            except BaseException as e:  # noqa: BLE001 - a student's cell can raise anything, SystemExit included
-                row.update(passed=False, message=f"the exercise cell raised {type(e).__name__}: {e}")
+            row.update(grade_exercise(check, name, cell, row["notebook"]))
         rows.append(row)
     return rows
+
+
+def grade_exercise(check: str, name: str, cell: str, notebook: str, conn=None) -> dict:
+    """Run one exercise cell in a fresh namespace, then its checker on what it defined -> {passed, message}
+    (sent on conn too, from a child process). Fails a cell that imports what its checker does not allow, or that
+    changes minillm's, torch's or numpy's modules (a checker replaced, the engine patched)."""
+    from . import CHECKERS
+    from .common import TimeLimit, run_limited
+    from .isolate import changed, forbidden_imports, snapshot
+    run, out = CHECKERS[check], None
+    bad = forbidden_imports(cell, run.allow)
+    if bad:
+        allowed = f" (this exercise may import {', '.join(run.allow)})" if run.allow else ""
+        out = {"passed": False, "message": f"the exercise cell imports {', '.join(bad)}: write it yourself, not "
+                                           f"the engine's{allowed}"}
+    else:
+        ns, before = {"__name__": "__exercise__"}, snapshot()
+        try:
+            run_limited(lambda: exec(compile(cell, f"<{notebook}: {name}>", "exec"), ns))
+            patched = changed(before, snapshot())
+            result = None if patched else run(ns.get(name))
+            patched = patched or changed(before, snapshot(), only="minillm")
+            out = {"passed": result.passed, "message": result.message} if not patched else \
+                {"passed": False, "message": f"the exercise changed {', '.join(patched[:3])}: an exercise may not "
+                                             "replace a checker or patch the engine, torch or numpy"}
+        except TimeLimit:
+            out = {"passed": False, "message": "the exercise cell itself timed out"}
+        except BaseException as e:  # noqa: BLE001 - a student's cell can raise anything, SystemExit included
+            out = {"passed": False, "message": f"the exercise cell raised {type(e).__name__}: {e}"}
+    if conn is not None:
+        conn.send(out)
+        conn.close()
+    return out
 
 
 def score_sheet(rows: list[dict]) -> str:
@@ -97,6 +127,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--gpu", action="store_true", help="run the kernel puzzles on a GPU, not the simulator")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the sheet")
     ap.add_argument("--csv", action="store_true", help="one CSV row per folder, one column per exercise")
+    ap.add_argument("--in-process", action="store_true",
+                    help="every exercise in this process (faster; a cell could then reach the next exercise)")
     a = ap.parse_args(argv)
     names = {}
     for d in a.dirs:
@@ -109,7 +141,8 @@ def main(argv: list[str]) -> int:
             return 2
     from ..kernels import use_simulator
     use_simulator(not a.gpu)          # before anything imports numba.cuda
-    folders = {d: [row for name in names[d] for row in grade_notebook(os.path.join(d, name))] for d in a.dirs}
+    folders = {d: [row for name in names[d] for row in grade_notebook(os.path.join(d, name), not a.in_process)]
+               for d in a.dirs}
     if a.csv:
         print(csv_sheet(folders), end="")
     elif a.json:

@@ -147,7 +147,8 @@ DECODE_MISTAKES = [
 ]
 
 
-@checker(kind="core", signature="q, k, v, k_cache, v_cache, pos, cos, sin")
+@checker(kind="core", signature="q, k, v, k_cache, v_cache, pos, cos, sin",
+         allow=("minillm.llama.transformer.apply_rope",))
 def check_cached_attention(fn):
     """fn(q (H, D), k, v (Hkv, D), k_cache, v_cache (S, Hkv, D), pos, cos, sin (S, D/2)) -> (H, D): RoPE at pos,
     K and V written at slot pos in place, attention over slots 0..pos. Then plugged into every layer of the

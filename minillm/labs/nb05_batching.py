@@ -147,7 +147,8 @@ def _step_difference(i, before, mine, ref) -> str:
     return f"step {i}: your batch ({fmt(mine)} tokens) differs from the reference policy's ({fmt(ref)})"
 
 
-@checker(kind="core")
+@checker(kind="core", allow=("minillm.core.batch.ScheduledBatch", "minillm.core.policies.SchedulingPolicy",
+                             "minillm.core.sequence.Status"))
 def check_chunked_policy(policy):
     """policy: a SchedulingPolicy class with schedule(sched) -> ScheduledBatch: continuous batching
     with a token budget (chunked prefill). Plugged into the engine (policy=...) on a small version of the notebook's

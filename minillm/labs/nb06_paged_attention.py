@@ -202,7 +202,7 @@ def _run_schedule(cls, name: str, opts: dict, reqs: list):
     assert bm.num_free == bm.num_blocks, f"schedule '{name}': {bm.num_free} of {bm.num_blocks} blocks free at the end"
 
 
-@checker(kind="core")
+@checker(kind="core", allow=("minillm.core.block_manager.BlockManager",))
 def check_block_manager(cls):
     """cls: a BlockManager subclass with allocate, prepare_write, fork and free_seq of its own. Plugged into the
     engine (block_manager=cls) and run on fixed seeded schedules of the hash model: n > 1 samples that fork and

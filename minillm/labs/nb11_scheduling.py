@@ -144,7 +144,7 @@ def _check_keys(order):
          "higher its queue (lower level runs first), whatever its arrival")
 
 
-@checker(kind="core")
+@checker(kind="core", allow=("minillm.scheduling.orders.Order",))
 def check_mlfq_order(order_cls):
     """order_cls: an Order class taking (quantum, levels), with level(served) and key(seq): a multi-level feedback
     queue that ranks requests by output tokens served (FastServe without skip-join or promotion). Its levels and
