@@ -29,6 +29,17 @@ def test_the_fit_never_goes_negative():
     assert min(fit.overhead_s, fit.row_s, fit.token_s) >= 0
 
 
+def test_the_median_fit_recovers_the_terms_and_refuses_a_non_positive_one():
+    groups = {(r, t): [COST.seconds(r, t) * f for f in (1.0, 1.02, 5.0)]       # one stalled step in each: medians
+              for r, t in [(1, 1), (4, 4), (16, 16), (1, 8), (1, 32), (1, 96)]}
+    fit = StepCost.fit_medians(groups)
+    assert (fit.overhead_s, fit.row_s, fit.token_s) == pytest.approx(
+        (COST.overhead_s * 1.02, COST.row_s * 1.02, COST.token_s * 1.02), rel=1e-6)
+    flat = {(r, r): [1e-3 + 0.5e-4 * r] for r in (1, 4, 16)} | {(1, t): [1e-3 - 0.5e-4 + 1e-4 * t] for t in (8, 32)}
+    with pytest.raises(ValueError, match="not positive .*per row -0.050 ms"):
+        StepCost.fit_medians(flat)                  # a decode row cheaper than a prefill token: no per-row cost
+
+
 def test_the_sim_clock_moves_only_when_told():
     c = SimClock()
     c.advance(0.5)
@@ -41,7 +52,8 @@ def test_the_sim_clock_moves_only_when_told():
 def test_calibration_gives_a_positive_cost(shakespeare):
     model, tok = shakespeare
     cost = StepCost.calibrate(model, tok)
-    assert cost.seconds(1, 1) > 0 and cost.seconds(8, 256) > cost.seconds(1, 1)
+    assert min(cost.overhead_s, cost.row_s, cost.token_s) > 0          # a step, a row and a token each cost time
+    assert cost.seconds(16, 16) < 16 * cost.seconds(1, 1)               # so batching 16 decodes saves time
 
 
 @pytest.fixture(scope="module")

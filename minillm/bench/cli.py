@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import cluster, decode, gptq, guided, longctx, lora, moe, parallel, peers, sparsity, spec
+from . import cluster, decode, gptq, guided, longctx, lora, moe, parallel, peers, sparsity, spec, stepcost
 from .serve import bench_serve
 
 
@@ -119,7 +119,8 @@ def run_quant(a) -> dict:
 # the subcommands, in the order `bench --help` lists them
 SUBCOMMANDS = (add_serve_parser, add_sched_parser, cluster.add_parser, parallel.add_parser, decode.add_batched_parser,
                add_quant_parser, gptq.add_parser, longctx.add_parser, spec.add_parser, peers.add_parser,
-               sparsity.add_parser, guided.add_parser, lora.add_parser, moe.add_parser, decode.add_parser)
+               sparsity.add_parser, guided.add_parser, lora.add_parser, moe.add_parser, decode.add_parser,
+               stepcost.add_parser)
 
 
 # bench serve's table: (key, header, unit scale, format); headers carry the units, the table stays under 120 columns
