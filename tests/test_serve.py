@@ -17,6 +17,8 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
+from serve_helpers import stats, wait_idle  # noqa: E402
+
 from minillm.serve.server import BackgroundServer  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -50,18 +52,6 @@ def server(llm, refs):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
-
-
-def stats(server) -> dict:
-    return httpx.get(f"http://{server.host}:{server.port}/stats").json()
-
-
-def wait_idle(server, timeout_s=10.0) -> dict:
-    """The loop applies aborts between steps: wait until it holds no request."""
-    deadline = time.monotonic() + timeout_s
-    while (s := stats(server))["requests"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return s
 
 
 # ---------------------------------------------------------------------------- the openai client, unchanged

@@ -41,14 +41,14 @@ def refs(llm, tok):
 
 
 @pytest.fixture(scope="module")
-def server(llm, refs):
+def server(llm, refs):                       # the references first: then the server owns the engine
     with BackgroundServer(llm, MODEL) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+    return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=60)
 
 
 def chosen(entries) -> list:

@@ -8,7 +8,6 @@ injected, every other stream equal to its request run alone, no block leaked, th
 """
 import concurrent.futures as cf
 import json
-import time
 
 import pytest
 
@@ -17,6 +16,8 @@ from minillm.guided.processor import GuidedProcessor
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
+from serve_helpers import wait_idle  # noqa: E402
+
 from minillm.serve.server import BackgroundServer  # noqa: E402
 
 MODEL = "shakespeare"
@@ -42,17 +43,6 @@ def alone(llm):
 def server(llm, alone):
     with BackgroundServer(llm, MODEL) as s:
         yield s
-
-
-def stats(server) -> dict:
-    return httpx.get(f"http://{server.host}:{server.port}/stats").json()
-
-
-def wait_idle(server, timeout_s=20.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while (s := stats(server))["requests"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return s
 
 
 def stream(server, body: dict) -> tuple[str, str]:
