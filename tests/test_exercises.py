@@ -136,3 +136,26 @@ def test_grading_an_untouched_student_edition_fails_every_exercise(tmp_path):
     assert len(rows) == len(EXERCISES)
     for r in rows:
         assert not r["passed"] and "not implemented" in r["message"], r
+
+
+def test_no_listing_above_a_core_exercise_shows_its_answer_in_the_student_edition():
+    """A "Read the engine's code" listing that shows a core exercise's solution lines comes after its checker in
+    the student edition (minillm.labs.listings), with a line where it was; the teacher's notebook keeps its order."""
+    from minillm.labs.listings import ANSWER_LINES, CALL, MOVED, giveaways, listing_lines, shown, solution_lines
+    core = {k for k, run in CHECKERS.items() if run.kind == "core"}
+    moved = 0
+    for path in NOTEBOOKS:
+        teacher = json.load(open(path))
+        listing_of = {"".join(c["source"]): listing_lines(c) for c in teacher["cells"] if c["cell_type"] == "code"}
+        solution_of = {name: solution_lines("".join(c["source"])) for c in teacher["cells"] for name in
+                       re.findall(r"^(?:def|class)\s+(\w+)", "".join(c["source"]), re.M)}
+        student = [("".join(c["source"]), c["cell_type"]) for c in student_notebook(teacher)["cells"]]
+        assert len(student) == len(teacher["cells"]) + len(giveaways(teacher, core))      # one note per move
+        moved += sum(src == MOVED for src, _ in student)
+        for i, (src, _) in enumerate(student):
+            for check, name in CALL.findall(src):
+                if check in core:
+                    above = [listing_of.get(s, []) for s, kind in student[:i] if "show_source(" in s]
+                    worst = max([shown(solution_of.get(name, set()), lines) for lines in above], default=0)
+                    assert worst < ANSWER_LINES, f"{os.path.basename(path)}: a listing above {check} shows its answer"
+    assert moved >= 4                                                      # 03, 06, 08 and 15 move theirs

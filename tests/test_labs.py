@@ -166,9 +166,12 @@ def test_warm_up_checkers_name_the_common_mistake():
     assert not wrong.passed and "max abs error" in wrong.message
 
 
-def test_grade_csv_has_a_row_per_student_folder_and_a_column_per_exercise(tmp_path, probe, capsys):
+def test_grade_csv_has_a_row_per_student_folder_and_a_column_per_exercise(tmp_path, probe, capsys, monkeypatch):
     import csv
     import io
+
+    import minillm.kernels
+    monkeypatch.setattr(minillm.kernels, "use_simulator", lambda on: None)   # numba.cuda is this process's already
     good = _notebook("def my_inc(x):\n    return x + 1\n", "check_probe(my_inc)")
     stub = _notebook("def my_inc(x):\n    raise NotImplementedError()\n", "check_probe(my_inc)")
     for student, nb in [("alice", good), ("bob", stub)]:

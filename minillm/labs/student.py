@@ -1,7 +1,8 @@
 """`python -m minillm student SRC DST` (make student): notebooks with the exercise solutions removed.
 
 In every code cell, the lines from `### BEGIN SOLUTION` to `### END SOLUTION` become a stub at the
-same indentation, and all outputs are cleared, so the student edition shows no answers anywhere.
+same indentation, and all outputs are cleared, so the student edition shows no answers anywhere; an engine
+listing that would show a core exercise's answer comes after that exercise (minillm.labs.listings).
 """
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ def strip_solutions(source: str) -> str:
 
 
 def student_notebook(nb: dict) -> dict:
-    nb = json.loads(json.dumps(nb))
+    """The student edition: listings that show a core exercise's answer moved after its checker (read from the
+    stored outputs: minillm.labs.listings), solutions stubbed, outputs cleared."""
+    from . import CHECKERS
+    from .listings import move_giveaways
+    nb = move_giveaways(json.loads(json.dumps(nb)), {k for k, run in CHECKERS.items() if run.kind == "core"})
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
