@@ -12,9 +12,6 @@ import json
 import os
 
 import pytest
-from lm_eval.api.instance import Instance
-from lm_eval.models.api_models import JsonChatStr
-from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
 
 from minillm import LLM, SamplingParams
 from minillm.formats.chat_template import CHAT_STOP, CHAT_TEMPLATE
@@ -22,7 +19,8 @@ from minillm.paths import MODELS_DIR
 from minillm.serve.app import chat_text
 from minillm.serve.server import BackgroundServer
 
-pytestmark = pytest.mark.clients
+pytestmark = pytest.mark.clients      # lm_eval is imported by the tests (deselected without -m clients), and a
+                                      # missing lm_eval under `make test-clients` is an error, never a skip
 MODEL = "shakespeare"
 LINES = [line.strip() for line in open(os.path.join(MODELS_DIR, "val_slice.txt")).read().splitlines()
          if len(line.split()) >= 6][:8]
@@ -58,7 +56,8 @@ def setup():
         yield server, want
 
 
-def completions(server, **kw) -> LocalCompletionsAPI:
+def completions(server, **kw):
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
     return LocalCompletionsAPI(base_url=server.url + "/completions", model=MODEL, max_length=512, max_retries=1, **kw)
 
 
@@ -71,6 +70,7 @@ def test_lm_eval_finds_the_remote_tokenizer(setup):
 @pytest.mark.parametrize("batch_size, concurrent", [(1, 1), (4, 2)])
 def test_loglikelihood_equals_the_engines_prompt_logprobs(setup, batch_size, concurrent):
     server, want = setup
+    from lm_eval.api.instance import Instance
     lm = completions(server, batch_size=batch_size, num_concurrent=concurrent)
     got = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(PAIRS)],
                            disable_tqdm=True)
@@ -80,6 +80,7 @@ def test_loglikelihood_equals_the_engines_prompt_logprobs(setup, batch_size, con
 
 
 def test_loglikelihood_rolling_equals_the_engines(setup):
+    from lm_eval.api.instance import Instance
     server, want = setup
     got = completions(server).loglikelihood_rolling(
         [Instance("loglikelihood_rolling", {}, (line,), i) for i, line in enumerate(LINES)], disable_tqdm=True)
@@ -87,6 +88,9 @@ def test_loglikelihood_rolling_equals_the_engines(setup):
 
 
 def test_generate_until_through_chat_completions_equals_the_engines(setup):
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.api_models import JsonChatStr
+    from lm_eval.models.openai_completions import LocalChatCompletion
     server, want = setup
     lm = LocalChatCompletion(base_url=server.url + "/chat/completions", model=MODEL, max_retries=1)
     requests = [Instance("generate_until", {}, (JsonChatStr(json.dumps(chat)), dict(UNTIL)), i)
