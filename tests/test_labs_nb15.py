@@ -92,6 +92,18 @@ def test_lora_mistakes_are_named():
     assert not r and "no adapter, slot -1" in r.message
 
 
+def test_a_merged_copy_is_not_a_lora_linear():
+    """The reviewer's answer: W + s B A built per adapter, then x (W + s B A)^T. Right numbers, wrong technique."""
+    def merged(x, W, slots, adapters):
+        y = x @ W.T
+        for s, (A, B, alpha) in adapters.items():
+            rows = (slots == s).nonzero().squeeze(1)
+            y[rows] = x[rows] @ (W + alpha / A.shape[0] * B @ A).T
+        return y
+    r = check_lora_linear(merged)
+    assert not r and "builds an (N, K) = (10, 6) matrix" in r.message and "(x A^T) B^T" in r.message
+
+
 def test_warm_ups_pass_and_name_the_mistakes():
     def moe_params(dim, E, He, k):
         return E * 3 * dim * He + dim * E, k * 3 * dim * He + dim * E

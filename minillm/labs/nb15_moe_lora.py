@@ -280,6 +280,29 @@ def _row_diagnosis(got, x, W, slots, adapters, case):
                                          f"gathered rows must be added back to the same rows, in the same order {case}")
 
 
+def _no_merged_weight(fn):
+    """A LoRA linear never builds an (N, K) update (B A, or the merged W + s B A): it applies the adapter as
+    (x A^T) B^T, which is what lets one batch serve many adapters. Every tensor the function's torch calls
+    return is watched, on a case where (N, K) is no other tensor's shape."""
+    from torch.overrides import TorchFunctionMode
+    M, N, K = 7, 10, 6
+    x, W, slots, adapters = _lora_case(M, N, K, 1)
+    built = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and tuple(t.shape) == (N, K) and t.data_ptr() != W.data_ptr():
+                    built.append(getattr(func, "__name__", str(func)))
+            return out
+    with Watch():
+        fn(x, W, slots, adapters)
+    assert not built, (f"your linear builds an (N, K) = ({N}, {K}) matrix ({built[0]}): the merged W + s B A, or "
+                       "B A. A LoRA linear applies the adapter as (x A^T) B^T, (M, r) then (M, N), never an N x K "
+                       "update: that is what lets one batch serve many adapters over one W")
+
+
 def _diagnose_lora(fn):
     for M, N, K, seed in ((9, 12, 12, 0), (7, 10, 6, 1), (1, 5, 8, 2), (11, 6, 16, 3)):
         x, W, slots, adapters = _lora_case(M, N, K, seed)
@@ -366,6 +389,7 @@ def check_lora_linear(fn):
     from ..engine.llm import LLM
     from ..lora.adapters import lora_linears, merge_lora
     _diagnose_lora(fn)
+    _no_merged_weight(fn)
     model, tok = _tiny64()
     ads = _lora_adapters(model.config)
     lora = [ads[0], ads[1], None, ads[2]]                                           # one per prompt: three + base
