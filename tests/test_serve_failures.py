@@ -104,3 +104,26 @@ def test_a_failure_no_request_explains_ends_that_steps_requests_only(server, llm
     after = wait_idle(server)
     assert after["free_blocks"] == after["num_blocks"] and after["streams"] == 0
     assert stream(server, {"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}) == (alone[0], "ok")
+
+
+def test_an_adapter_that_fails_to_load_ends_its_request_alone(monkeypatch):
+    """The third kind: a request's LoRA adapter raises while it is put in a slot (at admission, before any step):
+    that request ends with an error event; the 20 base-model streams beside it equal their runs alone."""
+    import minillm.lora.adapters as adapters
+    llm = LLM(MODEL, max_num_seqs=8, enable_lora=True)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    alone = [llm.generate(p, params)[0].text for p in PROMPTS]
+    real = adapters.load_slot
+
+    def broken(model, s, adapter):
+        if adapter is not None and adapter.name == "comedies":
+            raise RuntimeError("injected adapter failure")
+        return real(model, s, adapter)
+    monkeypatch.setattr(adapters, "load_slot", broken)
+    with BackgroundServer(llm, MODEL, lora_modules={"comedy": "comedies"}) as server:
+        results = run_streams(server, [{"model": "comedy", "prompt": "ROMEO:", "max_tokens": 16, "temperature": 0}])
+        *others, (_, failed) = results
+        assert "injected adapter failure" in failed and "'comedies' could not be loaded" in failed
+        assert [t for t, _ in others] == alone and all(s == "ok" for _, s in others)
+        after = wait_idle(server)
+        assert after["free_blocks"] == after["num_blocks"] and after["streams"] == 0 and after["errors"] == 1

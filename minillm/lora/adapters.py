@@ -306,10 +306,15 @@ class LoRASlots:
 
     def admit(self, seq, sched) -> bool:
         """The scheduler's hook (minillm.core.hooks.NoAdapters): a slot for the adapter of seq, being admitted
-        (none needed for the base model). The running, swapped-out and padding sequences keep theirs resident."""
+        (none needed for the base model). The running, swapped-out and padding sequences keep theirs resident. An
+        adapter that fails to load ends its request with an error (finish_reason "error"); nothing else is touched."""
         if seq.lora is None:
             return True
-        return self.acquire(seq.lora, sched.running + list(sched.swapped) + sched.padding)
+        try:
+            return self.acquire(seq.lora, sched.running + list(sched.swapped) + sched.padding)
+        except Exception as e:                  # its adapter would not load: this request fails, the others go on
+            sched.finish(seq, "error", f"LoRA adapter {seq.lora.name!r} could not be loaded: {type(e).__name__}: {e}")
+            return False
 
     def use(self, rows: list, num_tokens: int):
         """The model runner's hook: each row's adapter slot (-1: the base model) for one forward of T tokens a row."""
@@ -330,7 +335,12 @@ class LoRASlots:
             self.resident[free[0]].slot = -1
             self.evictions += 1
         s = free[0]
-        load_slot(self.model, s, adapter)
+        try:
+            load_slot(self.model, s, adapter)
+        except Exception:                                    # half loaded: the slot holds no adapter now
+            self.resident[s] = None
+            self.lru.pop(s, None)
+            raise
         self.resident[s], adapter.slot = adapter, s
         self.lru[s] = None
         self.lru.move_to_end(s)
