@@ -50,6 +50,8 @@ def stream(server, body: dict) -> tuple[str, str]:
     text = ""
     with httpx.stream("POST", server.url + "/completions", json={"model": MODEL, "stream": True, **body},
                       timeout=60) as r:
+        if r.status_code != 200:                                   # refused before it streamed
+            return text, json.loads(r.read())["error"]["message"]
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -127,3 +129,49 @@ def test_an_adapter_that_fails_to_load_ends_its_request_alone(monkeypatch):
         assert [t for t, _ in others] == alone and all(s == "ok" for _, s in others)
         after = wait_idle(server)
         assert after["free_blocks"] == after["num_blocks"] and after["streams"] == 0 and after["errors"] == 1
+
+
+def test_a_base_exception_in_a_step_is_a_failed_step_not_a_dead_server(server, llm, alone):
+    """SystemExit or KeyboardInterrupt raised by code inside a step (the step thread gets no signals) once killed
+    the loop task for good: every stream and later request hung. Now it is a failed step like any other."""
+    runner, real = llm.engine.runner, llm.engine.runner.run
+    fired = []
+
+    def broken(batch, *args):
+        if not fired and len(llm.engine.requests) == len(PROMPTS):
+            fired.append(1)
+            raise KeyboardInterrupt("injected")
+        return real(batch, *args)
+    runner.run = broken
+    try:
+        results = run_streams(server, [])
+    finally:
+        runner.run = real
+    errors = [i for i, (_, s) in enumerate(results) if s != "ok"]
+    assert fired and 0 < len(errors) <= 8 and all("KeyboardInterrupt" in results[i][1] for i in errors)
+    assert [results[i][0] for i in range(len(PROMPTS)) if i not in errors] == \
+        [alone[i] for i in range(len(PROMPTS)) if i not in errors]
+    assert httpx.get(server.url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+    assert stream(server, {"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}) == (alone[0], "ok")
+
+
+def test_a_loop_that_dies_ends_every_stream_and_health_says_so():
+    """A bug in the loop itself (outside any step): no request may hang; /health is 503 naming it; new requests
+    get a 503 at once."""
+    llm = LLM(MODEL, max_num_seqs=8)
+    engine = llm.engine
+    with BackgroundServer(llm, MODEL) as server:
+        real, seen = engine.pop_finished, []
+
+        def broken():
+            seen.append(1)
+            if len(seen) == 5:
+                raise RuntimeError("injected loop bug")
+            return real()
+        engine.pop_finished = broken
+        results = run_streams(server, [])
+        assert all("engine loop stopped" in s for _, s in results)      # every one told (or refused), none hung
+        health = httpx.get(server.url.removesuffix("/v1") + "/health")
+        assert health.status_code == 503 and "injected loop bug" in health.json()["reason"]
+        r = httpx.post(server.url + "/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 503 and "injected loop bug" in r.json()["error"]["message"]

@@ -233,8 +233,7 @@ class LLMEngine:
         try:
             yield
         except BaseException as e:
-            if isinstance(e, Exception):
-                e.request_ids = list(dict.fromkeys(s.request_id for s in seqs))
+            e.request_ids = list(dict.fromkeys(s.request_id for s in seqs))
             for s, state in saved:
                 s.generator.set_state(state)
             self.eviction.restore(scores)

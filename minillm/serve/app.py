@@ -91,6 +91,8 @@ class Served:
                                              lora=self.check_model(req.model))
         except ValueError as e:
             raise ServeError(str(e)) from None
+        except RuntimeError as e:                        # the engine loop is down (health() says why)
+            raise ServeError(str(e), 503) from None
 
 
 def _params_of(req, **kw):
@@ -125,7 +127,8 @@ def _add_info_routes(app: FastAPI, served: Served):
     """/health, /stats and /v1/models."""
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        down = served.aengine.health()
+        return JSONResponse({"status": "down", "reason": down}, status_code=503) if down else {"status": "ok"}
 
     @app.get("/stats")
     async def stats():

@@ -105,6 +105,7 @@ class AsyncEngine:
                        "generation_tokens": 0}
         self.recent: collections.deque = collections.deque()   # (time, tokens generated) per step, the last 10 s
         self._task: Optional[asyncio.Task] = None
+        self.down: Optional[str] = None            # why the loop ended, if it did by itself
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minillm-step")
         self._ids = itertools.count()
 
@@ -112,6 +113,29 @@ class AsyncEngine:
     async def start(self):
         self.inbox = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="minillm engine loop")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task):
+        """The loop task ended: by stop() (cancelled), or by a bug in the loop itself. Then every live request
+        ends with an error event (none may hang) and health() says why."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        self.down = f"the engine loop stopped: {type(error).__name__}: {error}" if error else "the engine loop ended"
+        log.critical(self.down)
+        for rid in sorted(self.live):
+            self._abort(rid, error=self.down)
+        while not self.inbox.empty():                      # commands nobody will apply
+            cmd = self.inbox.get_nowait()
+            future = getattr(cmd, "accepted", None) or getattr(cmd, "answer", None)
+            if future is not None and not future.done():
+                future.set_exception(RuntimeError(self.down))
+
+    def health(self) -> Optional[str]:
+        """None while the loop runs; else why it does not (/health answers 503 with it)."""
+        if self._task is None:
+            return "the engine loop has not started"
+        return self.down if self._task.done() else None
 
     async def stop(self):
         """End the loop; the requests it queued that are still there are aborted and dropped (their blocks freed,
@@ -120,7 +144,7 @@ class AsyncEngine:
             self._task.cancel()
             try:
                 await self._task
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):       # a loop that died was reported when it did (_ended)
                 pass
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)   # a step still running ends
         for rid in sorted(self.live):
@@ -133,7 +157,7 @@ class AsyncEngine:
         refused; "prompt i: ..." when there are several). The caller iterates the group and closes it in a
         `finally`: closing early aborts what still runs."""
         if self._task is None or self._task.done():
-            raise RuntimeError("the engine loop is not running (AsyncEngine.start() first)")
+            raise RuntimeError(self.down or "the engine loop is not running (AsyncEngine.start() first)")
         base = request_id or f"req-{next(self._ids)}"
         rids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
         queue, accepted = asyncio.Queue(), asyncio.get_running_loop().create_future()
@@ -164,8 +188,11 @@ class AsyncEngine:
                 continue
             try:
                 outputs = await loop.run_in_executor(self._pool, engine.step)
-            except Exception as e:                         # the step rolled back: ITS requests end with an error,
-                log.exception("engine step failed")        # their blocks freed; the others go on
+            except asyncio.CancelledError:                 # stop(): the loop ends
+                raise
+            except BaseException as e:                     # noqa: BLE001 - SystemExit, KeyboardInterrupt from code
+                log.exception("engine step failed")        # in the step too: the step rolled back; ITS requests end
+                                                           # with an error, their blocks freed; the others go on
                 step = getattr(e, "request_ids", None)     # (a request's own error never gets here: see verify)
                 for rid in [r for r in self.live if step is None or r in step]:
                     self._abort(rid, error=f"engine step failed: {type(e).__name__}: {e}")
