@@ -284,8 +284,16 @@ class EngineConfig:
     max_lora_rank: int = 16             # the largest adapter rank accepted (vLLM's name)
     tensor_parallel_size: int = 1       # ranks splitting every layer (minillm.parallel, torch.distributed)
     pipeline_parallel_size: int = 1     # ranks splitting the layers into stages
+    max_n: int = 128                    # the most samples one request may ask (n, best_of): checked before any is built
     seed: int = 0
     trace: bool = True
+
+    def check_samples(self, params):
+        """A request's samples (n, or best_of) within max_n, or a ValueError naming the field and the limit."""
+        if params.num_samples > self.max_n:
+            which = "best_of" if params.best_of is not None else "n"
+            raise ValueError(f"SamplingParams.{which}={params.num_samples} is above this engine's max_n="
+                             f"{self.max_n} samples per request (raise EngineConfig.max_n)")
 
     def __post_init__(self):
         choices = {
@@ -305,7 +313,7 @@ class EngineConfig:
             _check_bool(E, name, getattr(self, name))
         minimum = dict(block_size=1, max_num_seqs=1, max_model_len=1, kv_cache_bytes=1, max_num_batched_tokens=1,
                        swap_bytes=0, seed=0, max_loras=1, max_lora_rank=1, tensor_parallel_size=1,
-                       pipeline_parallel_size=1)
+                       pipeline_parallel_size=1, max_n=1)
         for name, low in minimum.items():       # the three that may be None are filled from the model or a default
             value = getattr(self, name)
             if value is not None or name not in ("max_model_len", "kv_cache_bytes", "max_num_batched_tokens"):

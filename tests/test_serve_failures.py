@@ -175,3 +175,28 @@ def test_a_loop_that_dies_ends_every_stream_and_health_says_so():
         assert health.status_code == 503 and "injected loop bug" in health.json()["reason"]
         r = httpx.post(server.url + "/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
         assert r.status_code == 503 and "injected loop bug" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"n": 1_000_000_000, "temperature": 1}, "n", "above this engine's max_n=128"),
+    ({"n": 2, "best_of": 20_000, "temperature": 1}, "best_of", "SamplingParams.best_of=20000 is above"),
+    ({"prompt": "to be " * 2_000_000}, "prompt", "bytes (>= "),                        # 12 MB: refused untokenized
+])
+def test_huge_requests_are_refused_before_anything_is_built(server, body, param, words):
+    """N1: n=10^9 once built 10^9 sequences (22 GB) before any check; a 12 MB prompt was tokenized on the loop."""
+    r = httpx.post(server.url + "/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4, **body},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param and words in r.json()["error"]["message"]
+    assert wait_idle(server)["requests"] == 0
+
+
+def test_a_body_above_the_limit_is_413_unread(server):
+    r = httpx.post(server.url + "/completions", content=b"x" * (17 * 2**20),
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 413 and "above this server's limit" in r.json()["error"]["message"]
+
+
+def test_the_engine_api_refuses_the_same_values(llm):
+    with pytest.raises(ValueError, match=r"SamplingParams.n=1000000000 is above this engine's max_n=128"):
+        llm.generate("hi", SamplingParams(n=1_000_000_000, temperature=1))
+    assert LLM(MODEL, max_n=2).engine.config.max_n == 2

@@ -49,6 +49,9 @@ def prompt_ids(prompt, tokenizer, vocab_size: int, max_model_len: int) -> list[i
     if isinstance(prompt, (bytes, bytearray)):
         raise ValueError("prompt is bytes: pass text (str, e.g. prompt.decode('utf-8')) or a list of token ids")
     if isinstance(prompt, str):
+        size, longest = len(prompt.encode("utf-8", "surrogateescape")), getattr(tokenizer, "max_token_length", 0)
+        if longest and size >= max_model_len * longest:              # refused before tokenizing megabytes
+            raise ValueError(f"prompt has {size} bytes (>= {size // longest} tokens); max_model_len is {max_model_len}")
         ids = tokenizer.encode(prompt)
     elif hasattr(prompt, "tolist") and getattr(prompt, "ndim", 0) == 1:   # a numpy array or torch tensor
         ids = prompt.tolist()

@@ -83,6 +83,7 @@ class LLMEngine:
         adapter = self.lora_adapter(lora)
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        self.config.check_samples(params)          # n, best_of: before one Sequence (and its generator) is built
         ids = self.validate(prompt)
         self.check_fits(len(ids), params)
         self.check_scheduling(priority, client)

@@ -181,6 +181,25 @@ def checker(fn=None, *, kind: str = "warm-up", signature: str | None = None, all
     return register(fn) if fn is not None else register
 
 
+def calls_building(fn, args: tuple, shape: tuple, besides=None) -> list[str]:
+    """The torch calls inside fn(*args) that return a tensor of this shape (other than `besides`): how a checker
+    sees that an answer built what the technique exists to avoid (a merged weight, a full score matrix)."""
+    from torch.overrides import TorchFunctionMode
+    found = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, a=(), kwargs=None):
+            out = func(*a, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(shape) and \
+                        (besides is None or t.data_ptr() != besides.data_ptr()):
+                    found.append(getattr(func, "__name__", str(func)))
+            return out
+    with Watch():
+        fn(*args)
+    return found
+
+
 def _close(name, got, want, atol=1e-5, rtol=1e-5, mistakes: dict | None = None):
     """Assert got ~= want. `mistakes` maps a common mistake's explanation to what that mistake computes: when
     got matches one of them instead, the failure names the mistake, not just the error."""

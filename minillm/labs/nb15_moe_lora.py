@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import _close, checker
+from .common import _close, calls_building, checker
 
 PROMPTS = ["The cat sat on the mat and then", "Once upon a time", "To be or not", "A dog barked at the moon"]
 TOL64 = 1e-9          # float64 engines: the same sums in another order differ by ~1e-15 per op
@@ -281,23 +281,10 @@ def _row_diagnosis(got, x, W, slots, adapters, case):
 
 
 def _no_merged_weight(fn):
-    """A LoRA linear never builds an (N, K) update (B A, or the merged W + s B A): it applies the adapter as
-    (x A^T) B^T, which is what lets one batch serve many adapters. Every tensor the function's torch calls
-    return is watched, on a case where (N, K) is no other tensor's shape."""
-    from torch.overrides import TorchFunctionMode
-    M, N, K = 7, 10, 6
-    x, W, slots, adapters = _lora_case(M, N, K, 1)
-    built = []
-
-    class Watch(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor) and tuple(t.shape) == (N, K) and t.data_ptr() != W.data_ptr():
-                    built.append(getattr(func, "__name__", str(func)))
-            return out
-    with Watch():
-        fn(x, W, slots, adapters)
+    """No (N, K) update built (B A, or W + s B A), on a case where (N, K) is no other tensor's shape."""
+    N, K = 10, 6
+    x, W, slots, adapters = _lora_case(7, N, K, 1)
+    built = calls_building(fn, (x, W, slots, adapters), (N, K), besides=W)
     assert not built, (f"your linear builds an (N, K) = ({N}, {K}) matrix ({built[0]}): the merged W + s B A, or "
                        "B A. A LoRA linear applies the adapter as (x A^T) B^T, (M, r) then (M, N), never an N x K "
                        "update: that is what lets one batch serve many adapters over one W")

@@ -30,11 +30,13 @@ from .stream import Delta
 
 
 def build_app(engine, model_name: str, chat_template: Optional[str] = None, max_logprobs: int = 20,
-              lora_modules: Optional[dict] = None) -> FastAPI:
+              lora_modules: Optional[dict] = None, max_body_bytes: int = 16 * 2**20) -> FastAPI:
     """engine: an LLMEngine (llm.engine); it belongs to the app's engine loop while the app runs. max_logprobs:
     the most top-k a request may ask per token (logprobs, prompt_logprobs, top_logprobs; vLLM's default 20).
     lora_modules: {served name: a LoRA adapter's shipped name or PEFT directory} (needs enable_lora): a request
-    whose `model` is such a name runs with that adapter, as vLLM's --lora-modules; each is read now."""
+    whose `model` is such a name runs with that adapter, as vLLM's --lora-modules; each is read now.
+    max_body_bytes: a larger request body (by its Content-Length) is a 413 before it is read. The engine's own
+    limits (max_n samples, max_model_len, the prompt's bytes) refuse the rest before anything is built."""
     aengine = AsyncEngine(engine)
     served = Served(aengine, model_name, engine.tokenizer, engine.config.max_model_len, chat_template, max_logprobs)
     for name, spec in (lora_modules or {}).items():
@@ -51,6 +53,14 @@ def build_app(engine, model_name: str, chat_template: Optional[str] = None, max_
     app = FastAPI(title="minillm", lifespan=lifespan)
     app.state.engine = aengine
     _add_error_handlers(app)
+
+    @app.middleware("http")
+    async def body_limit(request: Request, call_next):
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > max_body_bytes:
+            return JSONResponse(P.error_body(f"the request body has {size} bytes, above this server's limit of "
+                                             f"{max_body_bytes}", 413), status_code=413)
+        return await call_next(request)
     _add_info_routes(app, served)
     _add_completion_routes(app, served)
     _add_chat_routes(app, served)
