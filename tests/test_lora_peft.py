@@ -102,12 +102,31 @@ def _broken(tmp_path, cfg, edit_config=None, edit_tensors=None):
     (lambda c: c.update(r=0), None, "r must be a positive integer"),
     (None, lambda t: t.pop("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"), "has lora_A but not lora_B"),
     (None, lambda t: t.update({"base_model.model.lm_head.lora_A.weight": torch.zeros(2, 64)}), "is not a LoRA weight"),
+    (None, lambda t: t["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"].__setitem__((0, 0), float("nan")),
+     "NaN or infinite weights in layer 1 down_proj"),                   # hostile: greedy output was token 0 forever
+    (lambda c: c.update(lora_alpha=float("nan")), None, "lora_alpha=nan"),
+    (lambda c: c.update(lora_alpha=1e308), None, "not a finite float32"),
 ])
 def test_bad_adapter_files_are_refused_by_name(tiny64, tmp_path, edit_config, edit_tensors, match):
     model, _ = tiny64
     path = _broken(tmp_path, model.config, edit_config, edit_tensors)
     with pytest.raises(ValueError, match=match):
         load_adapter(path, model.config)
+
+
+def test_an_adapter_rewritten_on_disk_is_read_again(tiny64, tmp_path):
+    """The engine's adapter cache is keyed on the folder's files (size, modification time), not its path alone."""
+    from minillm.formats.peft import load_adapter as loader
+    from minillm.lora.adapters import LoRASlots
+    model, _ = tiny64
+    save_adapter(random_adapter(model.config, 2, 0), tmp_path, model.config)
+    slots = LoRASlots(attach_lora(model, 2, 4), 2, 4, lambda spec: loader(spec, model.config))
+    first = slots.get(str(tmp_path))
+    assert slots.get(str(tmp_path)) is first                            # unchanged: the same object
+    save_adapter(random_adapter(model.config, 2, 1), tmp_path, model.config)
+    os.utime(tmp_path / WEIGHTS, ns=(0, os.stat(tmp_path / WEIGHTS).st_mtime_ns + 10**9))
+    second = slots.get(str(tmp_path))
+    assert second is not first and second.digest != first.digest
 
 
 def test_unknown_names_and_missing_files(tiny64, tmp_path):

@@ -32,6 +32,7 @@ import copy
 import hashlib
 import itertools
 import math
+import os
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -102,6 +103,13 @@ def check_adapter(adapter: LoRAAdapter, cfg: ModelConfig, max_rank: Optional[int
     max_rank (EngineConfig.max_lora_rank) and against each layer's dims. label: how a module is named in messages
     (minillm.formats.peft passes HF's q_proj ...). ValueError, naming the value and the limit."""
     shapes, r = module_shapes(cfg), adapter.rank
+    if not math.isfinite(adapter.alpha) or not abs(adapter.scaling) < torch.finfo(torch.float32).max:
+        raise ValueError(f"LoRA adapter {adapter.name!r} has lora_alpha={adapter.alpha!r}: its scaling "
+                         f"{adapter.scaling!r} is not a finite float32 (a corrupt or hostile adapter_config.json)")
+    bad = [k for k, ab in sorted(adapter.weights.items()) if not all(bool(torch.isfinite(t).all()) for t in ab)]
+    if bad:
+        raise ValueError(f"LoRA adapter {adapter.name!r} has NaN or infinite weights in layer {bad[0][0]} "
+                         f"{label(bad[0][1])} ({len(bad)} linears in all): refused, it would compute garbage")
     if max_rank is not None and r > max_rank:
         raise ValueError(f"LoRA adapter {adapter.name!r} has rank r={r}, more than max_lora_rank={max_rank}: raise "
                          f"max_lora_rank (an engine option) to at least {r}")
@@ -273,6 +281,16 @@ def merge_lora(model: nn.Module, adapter: LoRAAdapter) -> nn.Module:
 
 
 # ---------------------------------------------------------------------------- the slots an engine keeps
+def _identity(spec) -> tuple:
+    """What a directory holds now (each file's name, size and modification time): an adapter rewritten on disk
+    is a new key, so it is read again. () for a name that is no directory (a shipped adapter)."""
+    path = os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else None
+    if path is None or not os.path.isdir(path):
+        return ()
+    files = sorted((e for e in os.scandir(path) if e.is_file()), key=lambda e: e.name)
+    return tuple((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in files)
+
+
 class LoRASlots:
     """max_loras slots in a model made by attach_lora, filled on first use and reused least-recently-used.
     An adapter is parsed once (loader: a name, a path or a LoRAAdapter -> LoRAAdapter; the engine's parts pass
@@ -294,7 +312,7 @@ class LoRASlots:
         None: the base model."""
         if spec is None:
             return None
-        key = spec.digest if isinstance(spec, LoRAAdapter) else spec
+        key = spec.digest if isinstance(spec, LoRAAdapter) else (spec, _identity(spec))   # rewritten: read again
         if key in self.by_spec:
             return self.known[self.by_spec[key]]
         adapter = copy.copy(spec) if isinstance(spec, LoRAAdapter) else self.loader(spec)
