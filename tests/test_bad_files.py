@@ -232,3 +232,10 @@ def test_load_still_takes_what_it_took(tmp_path):
     tok.save(str(tmp_path / "tokenizer.bin"))
     net, _ = load(tmp_path / "m.bin")                                  # a PathLike
     assert net.config.to_dict() == model.config.to_dict()
+
+
+def test_a_malformed_tokenizer_json_names_the_file(tmp_path):
+    from minillm.formats.hf import HFTokenizer
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {')
+    with pytest.raises(ValueError, match=r"tokenizer\.json: not a tokenizer.json the tokenizers library can read"):
+        HFTokenizer(str(tmp_path))

@@ -126,6 +126,10 @@ def error_of(r, status=400) -> dict:
     return err
 
 
+def test_an_empty_body_says_so(server):
+    assert "has no body" in error_of(post(server, ""))["message"]
+
+
 def test_malformed_json_and_a_body_that_is_not_an_object(server):
     assert error_of(post(server, '{"model": "shakespeare", "prompt": '))["message"].startswith("malformed JSON body")
     assert error_of(post(server, "[1, 2]"))["message"] == "the request body must be a JSON object"

@@ -333,7 +333,10 @@ class HFTokenizer:
         file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         if not os.path.exists(file):
             raise FileNotFoundError(f"tokenizer.json not found: looked for {file}")
-        self._tok = _T.from_file(file)
+        try:
+            self._tok = _T.from_file(file)
+        except Exception as e:                       # the tokenizers library's bare Exception names no file
+            raise ValueError(f"{file}: not a tokenizer.json the tokenizers library can read ({e})") from None
         cfg_file = os.path.join(os.path.dirname(file), "config.json")
         c = read_json(cfg_file) if os.path.exists(cfg_file) else {}
         self.bos_id = c.get("bos_token_id", 1)

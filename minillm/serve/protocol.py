@@ -170,6 +170,8 @@ def validation_message(errors: list) -> tuple[str, Optional[str]]:
         return f"unsupported parameter {where!r}: this server does not take it", where
     if e.get("type") in ("model_attributes_type", "dict_type") and not loc:
         return "the request body must be a JSON object", None
+    if e.get("type") == "missing" and not loc:                  # no body at all
+        return "the request has no body: send a JSON object (model, prompt or messages, ...)", None
     if e.get("type") == "missing":
         return f"missing required parameter {where!r}", where
     got = json.dumps(e.get("input"), default=str)[:100] if "input" in e else "?"
