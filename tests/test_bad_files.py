@@ -239,3 +239,34 @@ def test_a_malformed_tokenizer_json_names_the_file(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {')
     with pytest.raises(ValueError, match=r"tokenizer\.json: not a tokenizer.json the tokenizers library can read"):
         HFTokenizer(str(tmp_path))
+
+
+def test_the_shard_index_decides_where_each_tensor_comes_from(tmp_path):
+    """N5: a shard b holding zeroed copies of every tensor, and an index naming b for one of them, loaded a model
+    with 0 tensors right (every shard was read, later files won). Each tensor must be in the shard the index names,
+    and only there."""
+    from safetensors.torch import load_file, save_file
+    model = tiny_model(shared_classifier=False)
+    path = write_hf(tmp_path / "m", model)
+    real = load_file(str(path / "model.safetensors"))
+    (path / "model.safetensors").rename(path / "a.safetensors")
+    save_file({k: torch.zeros_like(v) for k, v in real.items()}, str(path / "b.safetensors"))
+    index = {"weight_map": {k: "a.safetensors" for k in real}}
+    index["weight_map"]["model.norm.weight"] = "b.safetensors"
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"a\.safetensors holds model\.norm\.weight, which .* puts in b\.safetensors"):
+        load_hf(path)
+    save_file({"model.norm.weight": real["model.norm.weight"]}, str(path / "b.safetensors"))
+    save_file({k: v for k, v in real.items() if k not in ("model.norm.weight", "lm_head.weight")},
+              str(path / "a.safetensors"))
+    with pytest.raises(ValueError, match=r"names 1 tensors its shards do not hold, e\.g\. lm_head\.weight"):
+        load_hf(path)
+
+
+def test_non_finite_weights_are_refused_when_read(tmp_path):
+    model = tiny_model()
+    bad = model.state_dict()["layers.0.ffn_norm.weight"].clone()
+    bad[3] = float("nan")
+    path = write_hf(tmp_path / "m", model, tensor_edits={"model.layers.0.post_attention_layernorm.weight": bad})
+    with pytest.raises(ValueError, match="post_attention_layernorm.weight holds NaN or infinite values"):
+        load_hf(path)

@@ -180,7 +180,7 @@ def _load_safetensors(file) -> dict:
         raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
 
 
-def _shards(path) -> list[str]:
+def _shards(path) -> tuple[list[str], dict]:
     """The shard files model.safetensors.index.json names, each checked to lie inside `path`: an index is data,
     and one naming /etc/... or ../.. must not make the loader read files outside the model directory."""
     index_file = os.path.join(path, "model.safetensors.index.json")
@@ -194,22 +194,35 @@ def _shards(path) -> list[str]:
                 or norm.startswith(os.pardir + os.sep)):
             raise ValueError(f"{index_file}: shard {shard!r} is outside the model directory {path}; "
                              f"shards must be files inside it")
-    return [os.path.join(path, shard) for shard in shards]
+    return [os.path.join(path, shard) for shard in shards], {k: os.path.join(path, v) for k, v in weight_map.items()}
 
 
 def _read_tensors(path) -> tuple[dict, dict]:
     """-> ({tensor name: tensor}, {tensor name: the file it came from})."""
-    single = os.path.join(path, "model.safetensors")
+    single, index = os.path.join(path, "model.safetensors"), os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(single):
-        files = [single]
-    elif os.path.exists(os.path.join(path, "model.safetensors.index.json")):
-        files = _shards(path)
+        files, named = [single], None
+    elif os.path.exists(index):
+        files, named = _shards(path)
     else:
         raise FileNotFoundError(f"no model.safetensors (or model.safetensors.index.json) in {path}")
+    gone = [f for f in files if not os.path.exists(f)]
+    if gone:
+        raise FileNotFoundError(f"{index} names shard {os.path.basename(gone[0])}, which is not in {path}")
     tensors, where = {}, {}
     for file in files:
         for name, t in _load_safetensors(file).items():
+            if named is not None and named.get(name) != file:     # the index decides where each tensor is
+                raise ValueError(f"{file} holds {name}, which {index} puts "
+                                 f"{'in ' + os.path.basename(named[name]) if name in named else 'in no shard'}: "
+                                 "a shard index must name each tensor's one file")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{file}: tensor {name} holds NaN or infinite values: refused (a corrupt file)")
             tensors[name], where[name] = t, file
+    missing = sorted(set(named or ()) - set(tensors))
+    if missing:
+        raise ValueError(f"{index} names {len(missing)} tensors its shards do not hold, e.g. {missing[0]} in "
+                         f"{os.path.basename(named[missing[0]])}")
     return tensors, where
 
 
