@@ -179,3 +179,19 @@ def test_an_llm_exports_the_model_its_engine_runs_and_an_export_exports_again(ex
     again, again_tok = minillm.load(str(tmp_path / "again"))
     assert again_tok.encode(VAL) == back_tok.encode(VAL) and again_tok.stop_ids == back_tok.stop_ids
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), again.state_dict().values()))
+
+
+def test_a_symlink_in_the_target_folder_is_replaced_never_written_through(tmp_path):
+    """N8: export_hf(force=True) wrote through a symlink in the target onto the file it pointed to."""
+    from minillm.formats.hf_export import export_hf
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "export"
+    out.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (out / name).symlink_to(victim)
+    export_hf("shakespeare", out, force=True)
+    assert victim.read_text() == "precious"
+    assert all(not (out / n).is_symlink() and (out / n).stat().st_size > 0
+               for n in ("config.json", "model.safetensors", "tokenizer.json"))
+    assert not [p for p in os.listdir(out) if p.endswith(".tmp")]          # no temporary file left behind

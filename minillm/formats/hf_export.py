@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 
 from ..llama.tokenizer import _NO_MERGE_AT_OR_BELOW, BOS, EOS, UNK, Tokenizer
+from .atomic import write_replacing, write_text_replacing
 from .chat_template import CHAT_TEMPLATE
 from .hf import HFTokenizer, _layer_names, _to_pairs
 
@@ -240,11 +241,11 @@ def export_hf(model, path, tokenizer=None, *, force: bool = False) -> ExportRepo
     tied = "lm_head.weight" not in state
     os.makedirs(path, exist_ok=True)
     _clear_stale(path, present)
-    save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    write_replacing(os.path.join(path, "model.safetensors"), lambda f: save_file(state, f, metadata={"format": "pt"}))
     _write_json(path, "config.json", hf_config(net, tied, dtype, tok.bos_id, stops, provenance))
     _write_json(path, "generation_config.json", {"bos_token_id": tok.bos_id,
                                                  "eos_token_id": stops if len(stops) > 1 else stops[0]})
-    hf_tok.save(os.path.join(path, "tokenizer.json"))
+    write_replacing(os.path.join(path, "tokenizer.json"), hf_tok.save)
     _write_json(path, "tokenizer_config.json", tok_config)
     _write_json(path, "special_tokens_map.json", {k: tok_config[k] for k in ("bos_token", "eos_token", "unk_token")
                                                   if tok_config[k] is not None})
@@ -252,6 +253,4 @@ def export_hf(model, path, tokenizer=None, *, force: bool = False) -> ExportRepo
 
 
 def _write_json(path: str, name: str, value: dict):
-    with open(os.path.join(path, name), "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+    write_text_replacing(os.path.join(path, name), json.dumps(value, indent=2, ensure_ascii=False) + "\n")

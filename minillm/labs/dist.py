@@ -16,6 +16,7 @@ import re
 import sys
 import zipfile
 
+from ..formats.atomic import write_replacing
 from .student import read_notebook, student_notebook
 
 ANSWER = re.compile(r"\s*<details><summary>Answer</summary>.*?</details>", re.S)
@@ -66,13 +67,15 @@ def write_student_zip(out: str, wheel: str, notebooks: str, force: bool = False)
     if not names:
         raise ValueError(f"no .ipynb notebooks in {notebooks}")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        for name in names:
-            nb = strip_answers(student_notebook(read_notebook(os.path.join(notebooks, name))))
-            z.writestr(f"notebooks/{name}", json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-        z.write(wheel, os.path.basename(wheel))
-        z.writestr("README.md", README.format(wheel=os.path.basename(wheel)))
-        return z.namelist()
+    def write(tmp):
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for name in names:
+                nb = strip_answers(student_notebook(read_notebook(os.path.join(notebooks, name))))
+                z.writestr(f"notebooks/{name}", json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+            z.write(wheel, os.path.basename(wheel))
+            z.writestr("README.md", README.format(wheel=os.path.basename(wheel)))
+    write_replacing(out, write)                                     # a symlink at `out` is replaced, not followed
+    return zipfile.ZipFile(out).namelist()
 
 
 def main(argv=None) -> int:

@@ -11,6 +11,8 @@ import os
 import re
 import sys
 
+from ..formats.atomic import write_text_replacing
+
 STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 _BLOCK = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)", re.S | re.M)
 
@@ -65,8 +67,7 @@ def main(argv: list[str]) -> int:
     os.makedirs(dst, exist_ok=True)
     for name in names:
         nb = read_notebook(os.path.join(src, name))
-        with open(os.path.join(dst, name), "w", encoding="utf-8") as f:
-            json.dump(student_notebook(nb), f, indent=1, ensure_ascii=False)
-            f.write("\n")
+        write_text_replacing(os.path.join(dst, name), json.dumps(student_notebook(nb), indent=1, ensure_ascii=False)
+                             + "\n")                         # a symlink at the target is replaced, not followed
     print(f"wrote {len(names)} student notebooks to {dst}")
     return 0
