@@ -65,8 +65,13 @@ class CachedBlocksToFreeList(BlockManager):
         seq.block_table, seq.num_computed = [], 0
 
 
+def mine(cls):
+    """The engine's own class as a reader's subclass: checkers refuse minillm's own objects as answers."""
+    return type(cls.__name__, (cls,), {})
+
+
 def test_the_engine_block_manager_passes():
-    result = check_block_manager(BlockManager)
+    result = check_block_manager(mine(BlockManager))
     assert result.passed and result.kind == "core", repr(result)
 
 
@@ -106,7 +111,7 @@ def test_bad_block_managers_fail_cleanly_and_the_next_attempt_passes(monkeypatch
     result = check_block_manager(Hangs)
     assert not result.passed and "timed out" in result.message, repr(result)
     monkeypatch.undo()
-    assert check_block_manager(BlockManager).passed
+    assert check_block_manager(mine(BlockManager)).passed
 
 
 def test_the_fuzzer_hash_model_is_the_packages():
