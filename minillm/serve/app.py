@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 
 from ..formats.chat_template import CHAT_STOP, CHAT_TEMPLATE, render_chat
 from . import protocol as P
-from .async_engine import AsyncEngine
+from .async_engine import AsyncEngine, EngineDown
 from .echo import Echo
 from .protocol import ServeError
 from .stream import Delta
@@ -101,7 +101,7 @@ class Served:
                                              lora=self.check_model(req.model))
         except ValueError as e:
             raise ServeError(str(e)) from None
-        except RuntimeError as e:                        # the engine loop is down (health() says why)
+        except EngineDown as e:                          # the engine loop is down (health() says why)
             raise ServeError(str(e), 503) from None
 
 

@@ -31,6 +31,10 @@ from .stream import DeltaTracker
 log = logging.getLogger("minillm.serve")
 
 
+class EngineDown(RuntimeError):
+    """The engine loop is not running (it was never started, or it died: AsyncEngine.health says why)."""
+
+
 @dataclass
 class Update:
     """What one step did for one request: a delta per sample that changed; the RequestOutput once it finished."""
@@ -129,7 +133,7 @@ class AsyncEngine:
             cmd = self.inbox.get_nowait()
             future = getattr(cmd, "accepted", None) or getattr(cmd, "answer", None)
             if future is not None and not future.done():
-                future.set_exception(RuntimeError(self.down))
+                future.set_exception(EngineDown(self.down))
 
     def health(self) -> Optional[str]:
         """None while the loop runs; else why it does not (/health answers 503 with it)."""
@@ -157,7 +161,7 @@ class AsyncEngine:
         refused; "prompt i: ..." when there are several). The caller iterates the group and closes it in a
         `finally`: closing early aborts what still runs."""
         if self._task is None or self._task.done():
-            raise RuntimeError(self.down or "the engine loop is not running (AsyncEngine.start() first)")
+            raise EngineDown(self.down or "the engine loop is not running (AsyncEngine.start() first)")
         base = request_id or f"req-{next(self._ids)}"
         rids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
         queue, accepted = asyncio.Queue(), asyncio.get_running_loop().create_future()
