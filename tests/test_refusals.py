@@ -1,6 +1,7 @@
 """Every refusal the validators and the capability table gave before the slim-core change is given after it, with
 the same exception and message (tests/refusal_cases.py lists the cases; tests/data/refusals.json holds what the
-engine said before the change, at commit 8e4cca8, with the one deliberate change noted there)."""
+engine said before the change, at commit 8e4cca8; since then one deliberate change: the list of options an unknown
+option's message names gained `max_n`, the per-request sample limit of the hostile-server issue)."""
 import json
 import os
 
