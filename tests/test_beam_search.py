@@ -480,10 +480,9 @@ def test_engines_a_group_cannot_run_in_are_refused():
 
 
 def test_a_step_that_fails_after_verification_leaves_the_beams_as_they_were():
-    """The beam step changes what the scheduler holds (prunes, forks), so it runs after the step's transaction:
-    an interrupt in the model runner's commit (after verification, inside the transaction) is rolled back with
-    no beam chosen, and the search then finds exactly what it finds uninterrupted (tests/test_transactions.py's
-    fault injection)."""
+    """An interrupt in the model runner's commit (after verification, before the beam step) is rolled back with
+    no beam chosen, and the search then finds exactly what it finds uninterrupted (tests/test_update_faults.py
+    interrupts the beam step itself at every line)."""
     engine = hash_llm().engine
     reqs = [engine.make_beam_request(p, W, m, length_penalty=lp) for p, W, m, lp in HASH_REQS[:2]]
     for r in reqs:

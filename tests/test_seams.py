@@ -123,6 +123,12 @@ class PlainBlocks:
     def mark_computed(self, seq):
         pass
 
+    def save(self):
+        return list(self.free), list(self.ref)
+
+    def restore(self, saved):
+        self.free, self.ref = deque(saved[0]), list(saved[1])
+
     def check(self, seqs):
         assert sorted(self.free) == [b for b in range(self.num_blocks) if self.ref[b] == 0]
 

@@ -23,6 +23,7 @@ The interface the scheduler uses (a replacement implements these; tests/test_sea
     mark_computed(seq)                               full computed blocks become reusable prefixes (may do nothing)
     drop_blocks(seq, indices)                        kv_eviction only: blocks leave the middle of a table
     can_swap_out, swap_out, swap_in, free_swap       only with swap_blocks > 0 (preemption_mode="swap")
+    save() / restore(saved)                          what a failed step puts back (LLMEngine._transaction)
 """
 from __future__ import annotations
 
@@ -275,6 +276,25 @@ class BlockManager:
         """Drop a swapped-out sequence's blocks in the swap space (it finished or was aborted)."""
         self.swap_free.extend(seq.swap_table)
         seq.swap_table = []
+
+    # ------------------------------------------------------------------ a failed step
+    def save(self) -> tuple:
+        """What a step may change, for restore() if it fails. A step's update gives blocks back and names them but
+        never takes one, so the free lists only grow in it (kept as lengths) and the cache only gains names."""
+        return (list(self.ref_count), list(self.block_hash), list(self.block_tokens), len(self.free),
+                len(self.evictable), len(self.swap_free), self.num_shared, self.prefix_hits, self.num_evicted)
+
+    def restore(self, saved: tuple):
+        ref, hashes, tokens, free, evictable, swap_free, *counts = saved
+        for h, b in [(h, b) for h, b in self.cached.items() if hashes[b] != h]:
+            del self.cached[h]                        # named since save(): unnamed again
+        for grown, n, pop in [(self.free, free, self.free.pop), (self.evictable, evictable, self.evictable.popitem),
+                              (self.swap_free, swap_free, self.swap_free.pop)]:
+            assert len(grown) >= n, "a block was taken after save(): restore() cannot put it back"
+            for _ in range(len(grown) - n):
+                pop()
+        self.ref_count[:], self.block_hash[:], self.block_tokens[:] = ref, hashes, tokens
+        self.num_shared, self.prefix_hits, self.num_evicted = counts
 
     def check(self, seqs):
         """Invariant check for tests: reference counts equal table occurrences; nothing lost or doubled."""

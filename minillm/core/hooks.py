@@ -83,9 +83,10 @@ class VerdictStep:
     """A post-processor of the step's verdicts, run by LLMEngine.advance after the acceptance rule (verify), in
     three places (verdicts: one per row, then one per fork):
       on_verdicts    inside the step's transaction: edits the verdicts only (a failed step discards them);
-      before_update  after the transaction, before the scheduler's update: may change what the scheduler holds
-                     (beam search finishes pruned beams and queues forks: nothing a rollback could undo);
+      before_update  before the scheduler's update: may change what the scheduler holds (beam search finishes
+                     pruned beams and queues forks), and then puts back its own state in restore();
       on_update      after the update: sees what it really appended.
+    All three run inside the step's transaction: save(batch) is taken before the step, restore(saved) if it fails.
     The engine runs a post-processor only once a request `wants` it (LLMEngine.use_steps)."""
 
     def wants(self, request) -> bool:
@@ -99,4 +100,10 @@ class VerdictStep:
         pass
 
     def on_update(self, batch, verdicts: list):
+        pass
+
+    def save(self, batch):
+        """Its own state a failed step must put back (the scheduler's queues and sequences are the engine's)."""
+
+    def restore(self, saved):
         pass

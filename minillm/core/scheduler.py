@@ -205,6 +205,27 @@ class Scheduler:
             seq.num_computed, seq.status = 0, Status.WAITING
             self.waiting.appendleft(seq)
 
+    def save(self, batch: ScheduledBatch) -> tuple:
+        """What the step may change, for restore() if it fails (LLMEngine._transaction): the queues, the blocks, and
+        every sequence update() may touch (the batch's, the samples waiting to fork them, the static padding)."""
+        seqs = [r.seq for r in batch.rows] + [c for _, c in batch.forks] + self.padding
+        seqs += [c for r in batch.rows for c in self.pending_forks.get(r.seq.seq_id, ())]
+        queues = [(q, list(q)) for q in (self.running, self.waiting, self.swapped)]
+        return ([(s, s.save()) for s in dict.fromkeys(seqs)], queues, list(self.padding),
+                {k: list(v) for k, v in self.pending_forks.items()}, dict(self.groups), self.block_manager.save())
+
+    def restore(self, saved: tuple):
+        seqs, queues, self.padding, forks, groups, blocks = saved
+        for s, state in seqs:
+            s.restore(state)
+        for q, items in queues:
+            q.clear()
+            q.extend(items)
+        for now, before in [(self.pending_forks, forks), (self.groups, groups)]:
+            now.clear()
+            now.update(before)
+        self.block_manager.restore(blocks)
+
     # ------------------------------------------------------------------ update
     def update(self, batch: ScheduledBatch, verdicts: list[Verdict]) -> list[Sequence]:
         """Record what the step computed and append what verification emitted (verdicts: one per row, then one per

@@ -94,5 +94,20 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
 
+    def save(self) -> tuple:
+        """What a step may change, for restore() if it fails (LLMEngine._transaction): every field, copies of its
+        tables, and the lengths of the lists a step only appends to (output ids, logprobs, clock readings)."""
+        m, plp = self.metrics, self.prompt_logprobs
+        return (dict(vars(self)), list(self.block_table), list(self.swap_table), len(self.output_ids),
+                len(self.logprobs), None if plp is None else len(plp), dict(vars(m)), len(m.token_times))
+
+    def restore(self, saved: tuple):
+        fields, table, swap, n_out, n_logprobs, n_prompt, metrics, n_times = saved
+        vars(self).update(fields, block_table=table, swap_table=swap)
+        del self.output_ids[n_out:], self.logprobs[n_logprobs:], self.metrics.token_times[n_times:]
+        if n_prompt is not None:
+            del self.prompt_logprobs[n_prompt:]
+        vars(self.metrics).update(metrics)
+
     def __repr__(self):
         return f"Sequence(id={self.seq_id}, {self.status.value}, len={len(self)}, blocks={self.block_table})"

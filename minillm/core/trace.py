@@ -69,8 +69,17 @@ class Trace:
             self.steps.append(rec)
             if len(self.steps) > self.max_steps:       # drop the oldest tenth at once: amortised O(1) a step
                 cut = max(1, self.max_steps // 10)
-                del self.steps[:cut]
+                self.steps = self.steps[cut:]          # a new list: a failed step's restore keeps the old one
                 self.dropped += cut
+
+    def save(self) -> tuple:
+        """What recording a step changes, for restore() if the step fails after all (LLMEngine._transaction)."""
+        return self.steps, len(self.steps), self.dropped, self.count, dict(self.spec_stats)
+
+    def restore(self, saved: tuple):
+        self.steps, n, self.dropped, self.count, spec = saved
+        del self.steps[n:]
+        self.spec_stats.update(spec)
 
     def spec_events(self, request_id, index: int = 0) -> list[dict]:
         """One sequence's speculative steps in order: [{"drafted", "accepted", "emitted"}] (viz.spec_text_html)."""

@@ -365,7 +365,7 @@ def _same_request(src: Sequence, dst: Sequence):
 
 # ---------------------------------------------------------------------------- the engine's hook
 class BeamStep(VerdictStep):
-    """The engine's post-processor: after verification and the step's transaction, before the update, every beam
+    """The engine's post-processor: after verification, before the scheduler's update, every beam
     group that ran chooses its next beams (scheduler.groups: request_id -> BeamGroup). The beams pruned are left in
     batch.pruned for the trace."""
 
@@ -378,6 +378,17 @@ class BeamStep(VerdictStep):
     def before_update(self, batch, out, verdicts: list):
         if self.scheduler.groups:
             batch.pruned = beam_step(self.scheduler, batch, out, verdicts)
+
+    def save(self, batch) -> list:
+        """Each group's beams, scores and hypotheses, for a failed step (the scheduler saves the beams' own state)."""
+        groups = self.scheduler.groups.values()
+        return [(g, list(g.live), dict(g.cum), list(g.hyps), g.done, [(s, s.save()) for s in g.live]) for g in groups]
+
+    def restore(self, saved: list):
+        for g, live, g.cum, g.hyps, g.done, seqs in saved:
+            g.live[:] = live                             # in place: request.seqs stays the live beams
+            for s, state in seqs:
+                s.restore(state)
 
 
 def beam_step(sched, batch, out, verdicts: list) -> list:

@@ -9,11 +9,11 @@
              trace.after_update(...)                     # what the step did, as plain data
 
 Optional features are objects the parts were built with (minillm.core.hooks: KV eviction, LoRA slots, the
-post-processors), never branches here. A step is a transaction: if anything raises before the update (the model
-call interrupted, a proposer failing), every sequence is left where it was, so the next step computes what an
-uninterrupted run would:
-num_computed moves only in the update, generators are restored, blocks the step was still to fill are
-recomputed, and nothing unwritten can enter the prefix cache (blocks are named only once computed).
+post-processors), never branches here. A step is a transaction: if anything in it raises (the model call
+interrupted, a proposer failing, Ctrl-C half-way through the update), every sequence is left where it was, so the
+next step computes what an uninterrupted run would: what the update changed is put back (Scheduler.save),
+generators are restored, blocks the step was still to fill are recomputed, and nothing unwritten can enter the
+prefix cache (blocks are named only once computed).
 A request's own mistake inside a step (its logits processor raising) finishes it with finish_reason "error";
 the others go on.
 """
@@ -198,6 +198,7 @@ class LLMEngine:
         """One model call. -> the ids of the requests that ran in it (step() makes their outputs; a loop that reads
         only finished requests, as LLM.generate's, skips that). expect_arrivals=False: every request is known
         (LLM.generate), so a batching window waits for no more."""
+        self.proposer.gc(*self.scheduler.live_ids())      # drafting state of the sequences that left (idempotent)
         start, batch = self.clock(), self.scheduler.schedule(expect_arrivals)
         with self._transaction(batch):
             self.runner.move_blocks(batch)                                # swaps and copy-on-write, before any write
@@ -210,14 +211,13 @@ class LLMEngine:
                 post.on_verdicts(batch, out, verdicts)                    # logprobs, jump-forward: verdicts only
             self.runner.commit(batch, drafts, verdicts)                   # a kept tree path into consecutive slots
             self.proposer.observe(batch, drafts, verdicts, out)
-        pending = self.trace.before_update(batch, self.scheduler)        # the KV pool as the model call left it
-        for post in self.post:
-            post.before_update(batch, out, verdicts)                      # beam search: choose, fork, prune
-        self.scheduler.update(batch, verdicts)                            # append, stop, finish, free, roll back
-        for post in self.post:
-            post.on_update(batch, verdicts)                               # logprobs of the tokens appended
-        self.proposer.gc(*self.scheduler.live_ids())
-        self.trace.after_update(batch, drafts, verdicts, pending, start, draft_s, run_s, self.clock())
+            pending = self.trace.before_update(batch, self.scheduler)    # the KV pool as the model call left it
+            for post in self.post:
+                post.before_update(batch, out, verdicts)                  # beam search: choose, fork, prune
+            self.scheduler.update(batch, verdicts)                        # append, stop, finish, free, roll back
+            for post in self.post:
+                post.on_update(batch, verdicts)                           # logprobs of the tokens appended
+            self.trace.after_update(batch, drafts, verdicts, pending, start, draft_s, run_s, self.clock())
         return list(dict.fromkeys(s.request_id for s in batch.seqs))
 
     def _timed(self, fn, *args):
@@ -226,15 +226,21 @@ class LLMEngine:
 
     @contextmanager
     def _transaction(self, batch: ScheduledBatch):
-        """Undo what a step did before its update if anything in it raises (KeyboardInterrupt included). The
-        exception then names the step's requests (`request_ids`): a server ends those and serves the rest."""
+        """Undo what a step did if anything in it raises (KeyboardInterrupt included, the update's too): the
+        scheduler's queues, blocks and sequences, the post-processors', the trace's, the generators. The exception
+        then names the step's requests (`request_ids`): a server ends those and serves the rest."""
         seqs = [r.seq for r in batch.rows if r.writes] + [c for _, c in batch.forks]
         saved = [(s, s.generator.get_state()) for s in seqs if not s.params.greedy]
         scores = self.eviction.save(seqs)                                  # H2O's attention sums
+        kept = self.scheduler.save(batch), [(p, p.save(batch)) for p in self.post], self.trace.save()
         try:
             yield
         except BaseException as e:
             e.request_ids = list(dict.fromkeys(s.request_id for s in seqs))
+            self.scheduler.restore(kept[0])
+            for post, state in kept[1]:
+                post.restore(state)
+            self.trace.restore(kept[2])
             for s, state in saved:
                 s.generator.set_state(state)
             self.eviction.restore(scores)
