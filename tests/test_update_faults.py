@@ -6,9 +6,9 @@ finish, the block manager, KV eviction), and the trace's record. A tracer (sys.s
 line of minillm's code is about to run in a step. After each fault the engine must be exactly as the step's
 schedule left it (every queue, sequence, generator, block, prefix-cache name and trace counter compared), the
 retried step runs clean, and at the end every output (tokens, text, finish reasons, logprobs) equals the
-uninterrupted run's and every block is back. Seeded sampling with n > 1, n-gram speculation, beam search and
-prefix caching each get a workload; the lines a clean run executes in the region are the targets, every one of
-them is hit."""
+uninterrupted run's and every block is back. Seeded sampling with n > 1 and prefix caching, n-gram speculation,
+beam search, static batching's padding and H2O's KV eviction each get a workload; every line a clean run executes
+in the region is a target (one run each, a fault in every step that reaches it)."""
 import enum
 import os
 import sys
@@ -48,14 +48,26 @@ def workload(name: str):
             engine.enqueue(engine.make_beam_request(PROMPTS[2], 2, 6))
             engine.add_request(PROMPTS[1], SamplingParams(max_tokens=9, **SAMPLED))
         return dict(block_size=4, enable_prefix_caching=True), beams
-    if name == "static-prefix":         # static batching's padding, prefix hits between the prompts
+    if name == "static-padding":        # static batching: finished sequences hold their slot until the batch ends
         params = [SamplingParams(max_tokens=5, **SAMPLED), SamplingParams(max_tokens=11, **SAMPLED),
                   SamplingParams(n=2, max_tokens=8, **SAMPLED)]
         return dict(block_size=4, enable_prefix_caching=True, batching="static"), lambda e: plain(e, params)
+    if name == "h2o-eviction":          # blocks leave the cache in the update, by the attention they received
+        params = [SamplingParams(max_tokens=30, **SAMPLED), SamplingParams(n=2, max_tokens=24, **SAMPLED)]
+        return dict(block_size=4, backend="torch", kv_eviction={"method": "h2o", "sinks": 4, "window": 16}), \
+            lambda e: plain(e, params)
     raise KeyError(name)
 
 
-WORKLOADS = ["seeded-sampling", "speculation", "beam", "static-prefix"]
+WORKLOADS = ["seeded-sampling", "speculation", "beam", "static-padding", "h2o-eviction"]
+EXERCISED = {   # what each workload is there for, seen in a clean run
+    "seeded-sampling": lambda e: e.block_manager.prefix_hits > 0 and any(
+        s.metrics.num_preemptions for r in e.requests.values() for s in r.seqs),
+    "speculation": lambda e: e.spec_stats["drafted"] > 0,
+    "beam": lambda e: any(st.pruned for st in e.trace.steps),
+    "static-padding": lambda e: any(st.num_padding for st in e.trace.steps),
+    "h2o-eviction": lambda e: e.block_manager.num_evicted > 0,
+}
 
 
 # ---------------------------------------------------------------------------- the engine's whole state
@@ -179,15 +191,11 @@ def run(name: str, target=None):
     return outs, faults
 
 
-def region_lines(name: str) -> tuple[dict, list]:
-    """A clean run: its outputs, and the lines of minillm it runs after the model call, in a stable order."""
-    outs, faults = run(name)
-    return outs, sorted(faults.seen)
-
-
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_a_fault_at_any_line_after_the_model_call_changes_nothing(name):
-    want, lines = region_lines(name)
+    want, clean = run(name)                      # the lines of minillm a clean run runs after the model call
+    lines = sorted(clean.seen)
+    assert EXERCISED[name](clean.engine)
     assert len(lines) > 60                       # the update, the block manager, the detokenizer, the trace ...
     update = minillm.core.scheduler.Scheduler.update.__code__
     body = {n for _, _, n in update.co_lines() if n is not None and n > update.co_firstlineno + 2}

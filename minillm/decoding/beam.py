@@ -365,9 +365,8 @@ def _same_request(src: Sequence, dst: Sequence):
 
 # ---------------------------------------------------------------------------- the engine's hook
 class BeamStep(VerdictStep):
-    """The engine's post-processor: after verification, before the scheduler's update, every beam
-    group that ran chooses its next beams (scheduler.groups: request_id -> BeamGroup). The beams pruned are left in
-    batch.pruned for the trace."""
+    """The engine's post-processor: after verification, before the scheduler's update, every beam group that ran
+    chooses its next beams (scheduler.groups: request_id -> BeamGroup); those pruned are left in batch.pruned."""
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
@@ -380,15 +379,12 @@ class BeamStep(VerdictStep):
             batch.pruned = beam_step(self.scheduler, batch, out, verdicts)
 
     def save(self, batch) -> list:
-        """Each group's beams, scores and hypotheses, for a failed step (the scheduler saves the beams' own state)."""
-        groups = self.scheduler.groups.values()
-        return [(g, list(g.live), dict(g.cum), list(g.hyps), g.done, [(s, s.save()) for s in g.live]) for g in groups]
+        """Each group's beams, scores and hypotheses, for a failed step (Scheduler.save keeps the beams' own state)."""
+        return [(g, list(g.live), dict(g.cum), list(g.hyps), g.done) for g in self.scheduler.groups.values()]
 
     def restore(self, saved: list):
-        for g, live, g.cum, g.hyps, g.done, seqs in saved:
+        for g, live, g.cum, g.hyps, g.done in saved:
             g.live[:] = live                             # in place: request.seqs stays the live beams
-            for s, state in seqs:
-                s.restore(state)
 
 
 def beam_step(sched, batch, out, verdicts: list) -> list:

@@ -230,20 +230,15 @@ class LLMEngine:
         scheduler's queues, blocks and sequences, the post-processors', the trace's, the generators. The exception
         then names the step's requests (`request_ids`): a server ends those and serves the rest."""
         seqs = [r.seq for r in batch.rows if r.writes] + [c for _, c in batch.forks]
-        saved = [(s, s.generator.get_state()) for s in seqs if not s.params.greedy]
-        scores = self.eviction.save(seqs)                                  # H2O's attention sums
-        kept = self.scheduler.save(batch), [(p, p.save(batch)) for p in self.post], self.trace.save()
+        undo = [(self.scheduler.restore, self.scheduler.save(batch)), (self.trace.restore, self.trace.save()),
+                (self.eviction.restore, self.eviction.save(seqs))] + [(p.restore, p.save(batch)) for p in self.post]
+        undo += [(s.generator.set_state, s.generator.get_state()) for s in seqs if not s.params.greedy]
         try:
             yield
         except BaseException as e:
             e.request_ids = list(dict.fromkeys(s.request_id for s in seqs))
-            self.scheduler.restore(kept[0])
-            for post, state in kept[1]:
-                post.restore(state)
-            self.trace.restore(kept[2])
-            for s, state in saved:
-                s.generator.set_state(state)
-            self.eviction.restore(scores)
+            for restore, state in undo:                                     # in this order: H2O's attention sums
+                restore(state)                                              # after the sequences
             self.scheduler.rollback(batch)
             for s in seqs:
                 self.proposer.rollback(s, s.num_computed)
