@@ -198,7 +198,6 @@ class LLMEngine:
         """One model call. -> the ids of the requests that ran in it (step() makes their outputs; a loop that reads
         only finished requests, as LLM.generate's, skips that). expect_arrivals=False: every request is known
         (LLM.generate), so a batching window waits for no more."""
-        self.proposer.gc(*self.scheduler.live_ids())      # drafting state of the sequences that left (idempotent)
         start, batch = self.clock(), self.scheduler.schedule(expect_arrivals)
         with self._transaction(batch):
             self.runner.move_blocks(batch)                                # swaps and copy-on-write, before any write
@@ -218,6 +217,7 @@ class LLMEngine:
             for post in self.post:
                 post.on_update(batch, verdicts)                           # logprobs of the tokens appended
             self.trace.after_update(batch, drafts, verdicts, pending, start, draft_s, run_s, self.clock())
+        self.proposer.gc(*self.scheduler.live_ids())      # after the commit: drafting state of those that left
         return list(dict.fromkeys(s.request_id for s in batch.seqs))
 
     def _timed(self, fn, *args):
@@ -237,11 +237,14 @@ class LLMEngine:
             yield
         except BaseException as e:
             e.request_ids = list(dict.fromkeys(s.request_id for s in seqs))
-            for restore, state in undo:                                     # in this order: H2O's attention sums
-                restore(state)                                              # after the sequences
-            self.scheduler.rollback(batch)
-            for s in seqs:
-                self.proposer.rollback(s, s.num_computed)
+            try:
+                for restore, state in undo:                                 # in this order: H2O's attention sums
+                    restore(state)                                          # after the sequences
+                self.scheduler.rollback(batch)
+                for s in seqs:
+                    self.proposer.rollback(s, s.num_computed)
+            except Exception as undo_error:                                 # a part that broke itself (a lab's)
+                e.add_note(f"undoing the step failed too, the engine is not as before it: {undo_error!r}")
             raise
 
     def pop_finished(self) -> list[RequestOutput]:
