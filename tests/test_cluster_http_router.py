@@ -1,8 +1,8 @@
 """`minillm router`: two `minillm serve` replicas behind the router, driven by the official openai client. Every
 answer through the router equals LLM.generate's (greedy, one request at a time: nothing else in a replica's batch);
 prefix_aware keeps each system prompt on one replica and gives the two prompts different replicas; a stream stays a
-stream; a replica's own error passes through; an unreachable replica is a 502 that names it, and the next request
-is served."""
+stream; a replica's own error passes through; an unreachable replica is taken out of rotation and its request served
+by a live one; with none up the answer names each (a killed and restarted process: test_cluster_router_health.py)."""
 import os
 import signal
 import socket
@@ -34,6 +34,12 @@ def replicas():
     yield servers, want
     for s in servers:
         s.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:                                  # a port nobody listens on (until it is reused)
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def settled(r, timeout_s: float = 5.0) -> list:
@@ -85,17 +91,27 @@ def test_a_replicas_error_passes_through_and_is_not_left_outstanding(replicas):
         assert settled(r) == [0, 0]
 
 
-def test_an_unreachable_replica_is_named_and_the_next_request_is_served(replicas):
+def test_an_unreachable_replica_is_taken_out_and_its_request_served_by_a_live_one(replicas):
     servers, want = replicas
-    with socket.socket() as s:                                 # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    with BackgroundRouter([servers[0].url, dead], "round_robin") as r:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with BackgroundRouter([servers[0].url, dead], "round_robin", health_interval_s=0) as r:
         assert complete(r.url, PROMPTS[0]).choices[0].text == want[PROMPTS[0]]
-        answer = httpx.post(r.url + "/completions", json={"model": "shakespeare", "prompt": "x", "max_tokens": 2})
-        assert answer.status_code == 502 and dead in answer.json()["error"]["message"]
-        assert complete(r.url, PROMPTS[1]).choices[0].text == want[PROMPTS[1]]
-        assert r.router.routed == [2, 1] and settled(r) == [0, 0]
+        assert complete(r.url, PROMPTS[1]).choices[0].text == want[PROMPTS[1]]     # its turn: dead, sent on to 0
+        assert complete(r.url, PROMPTS[2]).choices[0].text == want[PROMPTS[2]]
+        stats = httpx.get(r.url.removesuffix("/v1") + "/router").json()
+        assert stats["routed"] == [3, 1] and stats["state"] == ["up", "down"] and settled(r) == [0, 0]
+        assert dead in stats["why_down"][1] and "cannot be reached" in stats["why_down"][1]
+
+
+def test_with_every_replica_down_the_answer_is_a_503_naming_each():
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    with BackgroundRouter(dead, "round_robin", health_interval_s=0) as r:
+        first = httpx.post(r.url + "/completions", json={"model": "shakespeare", "prompt": "x", "max_tokens": 2})
+        assert first.status_code == 502 and all(d in first.json()["error"]["message"] for d in dead)  # tried both
+        then = httpx.post(r.url + "/completions", json={"model": "shakespeare", "prompt": "x", "max_tokens": 2})
+        message = then.json()["error"]["message"]
+        assert then.status_code == 503 and "no replica is up" in message and all(d in message for d in dead)
+        assert r.router.routed == [1, 1] and settled(r) == [0, 0]
 
 
 def test_what_the_router_routes_on():

@@ -7,6 +7,7 @@ import pytest
 
 from minillm.bench.step_cost import StepCost
 from minillm.cluster import ROUTING_POLICIES, CacheAware, Router, replay_routed, routed_metrics
+from minillm.cluster.router import NoLiveReplica
 from minillm.formats.loader import random_model
 from minillm.workload import Request
 
@@ -77,6 +78,36 @@ def test_the_trees_are_bounded_by_their_capacity():
     for u in range(5):
         r.route(prompt(u, u))                    # 28 tokens each, 5 different prefixes
     assert len(r.trees[0]) <= 40                 # evicted least-recently-used leaves
+
+
+def test_every_policy_skips_the_replicas_that_are_down():
+    rr = Router("round_robin", 3)
+    rr.set_up(1, False)
+    assert [rr.route([1]) for _ in range(4)] == [0, 2, 0, 2]
+    rr.set_up(1, True)
+    assert [rr.route([1]) for _ in range(3)] == [0, 1, 2]       # back in its turn
+    ll = Router("least_loaded", 2)
+    ll.set_up(0, False)
+    assert [ll.route([1]) for _ in range(3)] == [1, 1, 1] and ll.summary()["state"] == ["down", "up"]
+    pa = Router("prefix_aware", 2)
+    assert [pa.route(prompt(0, u)) for u in range(2)] == [0, 0]
+    pa.set_up(0, False)                                         # the replica holding the prefix goes away
+    assert pa.route(prompt(0, 2)) == 1 and pa.decisions[-1] == (1, "smallest tree")
+    pa.set_up(0, True)                                          # restarted: its cache (and tree) is empty
+    assert len(pa.trees[0]) == 0 and pa.route(prompt(0, 3)) == 1 and pa.decisions[-1] == (1, "cache hit")
+
+
+def test_with_every_replica_down_route_raises_and_loads_are_kept():
+    r = Router("least_loaded", 2)
+    r.route([1])
+    r.set_up(0, False), r.set_up(1, False)
+    with pytest.raises(NoLiveReplica, match="all 2 replicas are down"):
+        r.route([1])
+    assert r.load == [1, 0] and r.routed == [1, 0]             # a refused route counts nowhere
+    r.done(0)                                                   # a request out on a dead replica still ends
+    for bad in (2, -1, True, "0"):
+        with pytest.raises(ValueError, match="replicas are 0 .. 1"):
+            r.set_up(bad, True)
 
 
 def test_bad_router_input_is_refused_by_name():

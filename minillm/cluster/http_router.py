@@ -11,11 +11,19 @@ from routing until its answer has been passed on (or the client went away). As S
 prompt's TEXT: its prefix trees hold characters (token ids for a prompt given as ids), so it needs no tokenizer; a
 chat's messages are routed as the text of their roles and contents. It never asks a replica what its cache holds.
 
-GET /router says how it routed: the policy, each worker's URL, requests routed and outstanding, and the count of each
-decision. A worker that cannot be reached answers 502, naming its URL; the router goes on with the others.
+GET /router says how it routed: the policy, each worker's URL and state (up or down, with why), requests routed and
+outstanding, and the count of each decision.
+
+Health (as sgl-router's): a worker is taken out of rotation when a forward to it fails (it cannot be reached, the
+connection drops before its answer, or it answers 503: its engine is down) and when its GET /health does not answer
+200; the router asks every worker's /health each health_interval_s and puts one that answers again back. A request
+whose forward failed that way is sent once more, to a live worker (a completion has no side effects; a stream is
+retried only before its first byte was passed on), so a replica that dies costs its clients at most the streams it
+was in the middle of. With no worker up, the answer is 503, naming each worker and why it is down.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import asynccontextmanager
 from typing import Optional
@@ -25,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..serve.server import BackgroundApp
-from .router import CacheAware, Router, check_policy
+from .router import CacheAware, NoLiveReplica, Router, check_policy
 
 FORWARDED = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 FIRST_REPLICA = ("/v1/models", "/tokenizer_info")   # the same answer from every replica: asked of the first
@@ -53,15 +61,45 @@ def check_workers(workers) -> list:
     return [u[:-3] if u.endswith("/v1") else u for u in urls]
 
 
+def error(message: str, kind: str, code: int) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=code)
+
+
 def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: Optional[CacheAware] = None,
-                     timeout_s: float = 600.0):
-    """The router's FastAPI app. workers: the replicas' base URLs (http://host:port, with or without /v1)."""
+                     timeout_s: float = 600.0, health_interval_s: float = 10.0, health_timeout_s: float = 5.0):
+    """The router's FastAPI app. workers: the replicas' base URLs (http://host:port, with or without /v1);
+    health_interval_s: seconds between health checks of every worker (0: none, only failed forwards take one out)."""
     urls = check_workers(workers)
+    if isinstance(health_interval_s, bool) or not isinstance(health_interval_s, (int, float)) \
+            or not health_interval_s >= 0:
+        raise ValueError(f"health_interval_s must be a number of seconds >= 0 (0: no health checks), "
+                         f"got {health_interval_s!r}")
     router = Router(policy, len(urls), cache_aware)             # used by the event loop only: no lock
+    why_down: list = [None] * len(urls)                         # per worker: why it is out of rotation
+
+    def mark(i: int, reason: Optional[str]):
+        """reason None: worker i answers (back in rotation); else it is taken out, for this reason."""
+        why_down[i] = reason
+        router.set_up(i, reason is None)
+
+    async def probe(i: int):
+        try:
+            answer = await client().get(urls[i] + "/health", timeout=health_timeout_s)
+            mark(i, None if answer.status_code == 200 else f"GET /health answered {answer.status_code}")
+        except httpx.HTTPError as e:
+            mark(i, f"GET /health failed ({type(e).__name__}: {e})")
+
+    async def watch():
+        while True:
+            await asyncio.sleep(health_interval_s)
+            await asyncio.gather(*(probe(i) for i in range(len(urls))), return_exceptions=True)
 
     @asynccontextmanager
     async def lifespan(app):
+        task = asyncio.create_task(watch()) if health_interval_s else None
         yield
+        if task is not None:
+            task.cancel()
         if app.state.client is not None:
             await app.state.client.aclose()
 
@@ -73,10 +111,43 @@ def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: O
             app.state.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
         return app.state.client
 
-    def unreachable(i: int, e: Exception):
-        return JSONResponse({"error": {"message": f"replica {i} at {urls[i]} cannot be reached "
-                                                  f"({type(e).__name__}: {e})", "type": "bad_gateway",
-                                       "param": None, "code": 502}}, status_code=502)
+    def none_up():
+        down = "; ".join(f"replica {i} at {u}: {why_down[i]}" for i, u in enumerate(urls))
+        return error(f"no replica is up ({down})", "service_unavailable", 503)
+
+    async def attempt(i: int, path: str, raw: bytes, stream: bool):
+        """Forward to replica i. -> a response to pass on, or the reason the forward failed (i is taken out)."""
+        req = client().build_request("POST", urls[i] + path, content=raw, headers={"content-type": "application/json"})
+        try:
+            answer = await client().send(req, stream=True)
+        except httpx.HTTPError as e:
+            router.done(i)
+            return f"replica {i} at {urls[i]} cannot be reached ({type(e).__name__}: {e})"
+        headers = {"x-minillm-replica": str(i)}
+        kind = answer.headers.get("content-type", "application/json")
+        if answer.status_code == 503:                            # its engine is down (EngineDown): not this request's
+            await answer.aclose()
+            router.done(i)
+            return f"replica {i} at {urls[i]} answered 503: its engine is down"
+        if stream:
+            async def relay():                                   # the replica's events, as they come
+                try:
+                    async for chunk in answer.aiter_raw():
+                        yield chunk
+                except httpx.HTTPError as e:                     # it died mid-stream: this stream ends here
+                    mark(i, f"its stream broke ({type(e).__name__}: {e})")
+                finally:                                         # also when the client went away: the replica's
+                    await answer.aclose()                        # connection closes, which aborts the request there
+                    router.done(i)
+            return StreamingResponse(relay(), status_code=answer.status_code, media_type=kind, headers=headers)
+        try:
+            content = await answer.aread()
+        except httpx.HTTPError as e:
+            return f"replica {i} at {urls[i]} dropped the answer ({type(e).__name__}: {e})"
+        finally:
+            await answer.aclose()
+            router.done(i)
+        return Response(content, status_code=answer.status_code, media_type=kind, headers=headers)
 
     async def forward(request: Request):
         raw = await request.body()
@@ -85,42 +156,31 @@ def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: O
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            return JSONResponse({"error": {"message": "the request body must be a JSON object", "type":
-                                           "invalid_request_error", "param": None, "code": 400}}, status_code=400)
-        i = router.route(prompt_key(request.url.path, body))
-        req = client().build_request("POST", urls[i] + request.url.path, content=raw,
-                                     headers={"content-type": "application/json"})
-        try:
-            answer = await client().send(req, stream=True)
-        except httpx.HTTPError as e:
-            router.done(i)
-            return unreachable(i, e)
-        headers = {"x-minillm-replica": str(i)}
-        kind = answer.headers.get("content-type", "application/json")
-        if body.get("stream"):
-            async def relay():                                   # the replica's events, as they come
-                try:
-                    async for chunk in answer.aiter_raw():
-                        yield chunk
-                finally:                                         # also when the client went away: the replica's
-                    await answer.aclose()                        # connection closes, which aborts the request there
-                    router.done(i)
-            return StreamingResponse(relay(), status_code=answer.status_code, media_type=kind, headers=headers)
-        try:
-            content = await answer.aread()
-        finally:
-            await answer.aclose()
-            router.done(i)
-        return Response(content, status_code=answer.status_code, media_type=kind, headers=headers)
+            return error("the request body must be a JSON object", "invalid_request_error", 400)
+        failed = []
+        for _ in range(2):                                       # a failed forward is sent once more, elsewhere
+            try:
+                i = router.route(prompt_key(request.url.path, body))
+            except NoLiveReplica:
+                return none_up()
+            out = await attempt(i, request.url.path, raw, bool(body.get("stream")))
+            if not isinstance(out, str):
+                return out
+            failed.append(out)
+            mark(i, out)
+        return error("; ".join(failed), "bad_gateway", 502)
 
     for path in FORWARDED:
         app.post(path)(forward)
 
     async def first_replica(request: Request):
+        live = [i for i, u in enumerate(router.up) if u] or [0]
         try:
-            answer = await client().get(urls[0] + request.url.path)
+            answer = await client().get(urls[live[0]] + request.url.path)
         except httpx.HTTPError as e:
-            return unreachable(0, e)
+            mark(live[0], f"cannot be reached ({type(e).__name__}: {e})")
+            return error(f"replica {live[0]} at {urls[live[0]]} cannot be reached ({type(e).__name__}: {e})",
+                         "bad_gateway", 502)
         return Response(answer.content, status_code=answer.status_code, media_type="application/json")
 
     for path in FIRST_REPLICA:
@@ -132,7 +192,7 @@ def build_router_app(workers: list, policy: str = "prefix_aware", cache_aware: O
 
     @app.get("/router")
     async def stats():
-        return {**router.summary(), "workers": urls, "outstanding": list(router.load)}
+        return {**router.summary(), "workers": urls, "outstanding": list(router.load), "why_down": list(why_down)}
 
     return app
 
@@ -142,18 +202,20 @@ class BackgroundRouter(BackgroundApp):
     OpenAI(base_url=r.url, ...)`; r.router is its Router (routed, load, decisions)."""
 
     def __init__(self, workers: list, policy: str = "prefix_aware", host: str = "127.0.0.1", port: int = 0,
-                 cache_aware: Optional[CacheAware] = None, timeout_s: float = 30.0):
-        app = build_router_app(workers, policy, cache_aware)
+                 cache_aware: Optional[CacheAware] = None, timeout_s: float = 30.0, health_interval_s: float = 10.0):
+        app = build_router_app(workers, policy, cache_aware, health_interval_s=health_interval_s)
         self.router = app.state.router
         super().__init__(app, host, port, timeout_s, "router")
 
 
-def _run(sock, host: str, urls: list, policy: str, cache_aware: Optional[CacheAware] = None):
+def _run(sock, host: str, urls: list, policy: str, cache_aware: Optional[CacheAware] = None,
+         health_interval_s: float = 10.0):
     """The router in the foreground on an already bound socket, until Ctrl-C."""
     from ..serve.server import _server
     print(f"minillm router ({policy}) at http://{host}:{sock.getsockname()[1]}/v1 in front of {len(urls)} "
           f"replicas: {', '.join(urls)} (GET /router: how it routed; Ctrl-C stops)", flush=True)
-    _server(build_router_app(urls, policy, cache_aware), log_level="info").run(sockets=[sock])
+    app = build_router_app(urls, policy, cache_aware, health_interval_s=health_interval_s)
+    _server(app, log_level="info").run(sockets=[sock])
 
 
 def _without(argv: list, flags: tuple) -> list:
@@ -229,7 +291,11 @@ def main(argv: list) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--cache-threshold", type=float, default=CacheAware.cache_threshold)
+    ap.add_argument("--health-interval", type=float, default=10.0, help="seconds between GET /health of every "
+                    "worker: one that fails is taken out of rotation, one that answers again is put back (0: never)")
     a = ap.parse_args(argv)
+    if not a.health_interval >= 0:
+        raise SystemExit(f"--health-interval must be >= 0 seconds, got {a.health_interval}")
     urls = check_workers(a.worker)
     for u in urls:                                              # every replica answers before the router starts
         try:
@@ -237,5 +303,6 @@ def main(argv: list) -> int:
         except httpx.HTTPError as e:
             raise SystemExit(f"replica {u} does not answer GET /v1/models ({type(e).__name__}: {e}): start it "
                              f"with `python -m minillm serve --model M --port N` first")
-    _run(bind(a.host, a.port), a.host, urls, a.policy, CacheAware(cache_threshold=a.cache_threshold))
+    _run(bind(a.host, a.port), a.host, urls, a.policy, CacheAware(cache_threshold=a.cache_threshold),
+         a.health_interval)
     return 0

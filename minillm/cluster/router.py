@@ -25,6 +25,11 @@ decision, per request, decides the replicas' load balance AND which replica's pr
     router = Router("prefix_aware", num_replicas=4)
     i = router.route(prompt_ids)        # -> replica index; router.load[i] += 1
     router.done(i)                      # the request finished there
+    router.set_up(i, False)             # it stopped answering: no policy picks it until set_up(i, True)
+
+Every policy chooses among the replicas that are up (the HTTP router takes one down when a forward to it fails or
+its /health does not answer 200, and puts it back when /health answers again); with none up, route() raises
+NoLiveReplica.
 """
 from __future__ import annotations
 
@@ -67,6 +72,10 @@ def check_policy(policy) -> str:
     return policy
 
 
+class NoLiveReplica(RuntimeError):
+    """Every replica is down: nothing to route to."""
+
+
 class Router:
     """Routes requests to replicas 0 .. N-1 by one of ROUTING_POLICIES, counting each replica's outstanding requests.
     decisions: (replica, why) per routed request, why in {"turn", "least loaded", "imbalanced", "cache hit",
@@ -79,11 +88,24 @@ class Router:
         self.routed = [0] * num_replicas          # requests ever routed per replica
         self.trees = [RadixTree(self.cache_aware.tree_tokens) for _ in range(num_replicas)]
         self.decisions: list[tuple[int, str]] = []
+        self.up = [True] * num_replicas           # replicas a policy may pick (set_up: health, failed forwards)
         self._turn = 0
 
+    def set_up(self, replica: int, up: bool):
+        """Take a replica out of rotation, or put it back. One that comes back starts with an empty tree: a
+        restarted replica's prefix cache is empty."""
+        if isinstance(replica, bool) or not isinstance(replica, int) or not 0 <= replica < self.num_replicas:
+            raise ValueError(f"set_up({replica!r}): replicas are 0 .. {self.num_replicas - 1}")
+        if up and not self.up[replica]:
+            self.trees[replica] = RadixTree(self.cache_aware.tree_tokens)
+        self.up[replica] = bool(up)
+
     def route(self, prompt_ids) -> int:
-        """The replica for this prompt (token ids); counts it as outstanding there."""
-        i, why = getattr(self, "_" + self.policy)(list(prompt_ids))
+        """The replica for this prompt (token ids), among those up; counts it as outstanding there."""
+        live = [r for r in range(self.num_replicas) if self.up[r]]
+        if not live:
+            raise NoLiveReplica(f"all {self.num_replicas} replicas are down")
+        i, why = getattr(self, "_" + self.policy)(list(prompt_ids), live)
         self.load[i] += 1
         self.routed[i] += 1
         self.decisions.append((i, why))
@@ -97,24 +119,26 @@ class Router:
         self.load[replica] -= 1
 
     # ------------------------------------------------------------------ the policies: -> (replica, why)
-    def _round_robin(self, ids) -> tuple[int, str]:
-        i, self._turn = self._turn, (self._turn + 1) % self.num_replicas
+    def _round_robin(self, ids, live) -> tuple[int, str]:
+        i = min(live, key=lambda r: (r - self._turn) % self.num_replicas)   # the next one up from the turn
+        self._turn = (i + 1) % self.num_replicas
         return i, "turn"
 
-    def _least_loaded(self, ids) -> tuple[int, str]:
-        return min(range(self.num_replicas), key=lambda r: (self.load[r], r)), "least loaded"
+    def _least_loaded(self, ids, live) -> tuple[int, str]:
+        return min(live, key=lambda r: (self.load[r], r)), "least loaded"
 
-    def _prefix_aware(self, ids) -> tuple[int, str]:
-        ca, lo, hi = self.cache_aware, min(self.load), max(self.load)
+    def _prefix_aware(self, ids, live) -> tuple[int, str]:
+        ca, loads = self.cache_aware, [self.load[r] for r in live]
+        lo, hi = min(loads), max(loads)
         if hi - lo > ca.balance_abs_threshold and hi > lo * ca.balance_rel_threshold:
-            i, why = self._least_loaded(ids)[0], "imbalanced"
+            i, why = self._least_loaded(ids, live)[0], "imbalanced"
         else:
-            matched = [t.match(ids) for t in self.trees]               # tokens of the prompt each tree holds
-            best = max(range(self.num_replicas), key=lambda r: (matched[r], -self.load[r], -r))
+            matched = {r: self.trees[r].match(ids) for r in live}      # tokens of the prompt each tree holds
+            best = max(live, key=lambda r: (matched[r], -self.load[r], -r))
             if matched[best] / len(ids) > ca.cache_threshold:
                 i, why = best, "cache hit"
             else:
-                i = min(range(self.num_replicas), key=lambda r: (len(self.trees[r]), self.load[r], r))
+                i = min(live, key=lambda r: (len(self.trees[r]), self.load[r], r))
                 why = "smallest tree"
         self.trees[i].insert(ids)
         return i, why
@@ -124,4 +148,5 @@ class Router:
         whys = {}
         for _, why in self.decisions:
             whys[why] = whys.get(why, 0) + 1
-        return {"policy": self.policy, "routed": list(self.routed), "decisions": whys}
+        return {"policy": self.policy, "routed": list(self.routed), "decisions": whys,
+                "state": ["up" if u else "down" for u in self.up]}
