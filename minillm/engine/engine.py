@@ -226,9 +226,8 @@ class LLMEngine:
 
     @contextmanager
     def _transaction(self, batch: ScheduledBatch):
-        """Undo what a step did if anything in it raises (KeyboardInterrupt included, the update's too): the
-        scheduler's queues, blocks and sequences, the post-processors', the trace's, the generators. The exception
-        then names the step's requests (`request_ids`): a server ends those and serves the rest."""
+        """Undo what a step did if anything in it raises, KeyboardInterrupt too (the scheduler's queues, blocks,
+        sequences, post-processors, trace, generators); the exception names its `request_ids`: a server ends those."""
         seqs = [r.seq for r in batch.rows if r.writes] + [c for _, c in batch.forks]
         undo = [(self.scheduler.restore, self.scheduler.save(batch)), (self.trace.restore, self.trace.save()),
                 (self.eviction.restore, self.eviction.save(seqs))] + [(p.restore, p.save(batch)) for p in self.post]
@@ -237,10 +236,9 @@ class LLMEngine:
             yield
         except BaseException as e:
             e.request_ids = list(dict.fromkeys(s.request_id for s in seqs))
-            try:
-                for restore, state in undo:                                 # in this order: H2O's attention sums
-                    restore(state)                                          # after the sequences
-                self.scheduler.rollback(batch)
+            try:                                                            # in this order: H2O's attention sums
+                for restore, state in undo + [(self.scheduler.rollback, batch)]:   # after the sequences
+                    restore(state)
                 for s in seqs:
                     self.proposer.rollback(s, s.num_computed)
             except Exception as undo_error:                                 # a part that broke itself (a lab's)
