@@ -285,6 +285,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1       # ranks splitting every layer (minillm.parallel, torch.distributed)
     pipeline_parallel_size: int = 1     # ranks splitting the layers into stages
     max_n: int = 128                    # the most samples one request may ask (n, best_of): checked before any is built
+    guided_compile_timeout_s: float = 20.0   # the most a guided_* request's pattern may take to compile (a 400 past
+                                             # it): a 150k-token vocabulary's JSON schema takes about 4 s
     seed: int = 0
     trace: bool = True
 
@@ -320,6 +322,8 @@ class EngineConfig:
                 setattr(self, name, _check_int(E, name, value, low))
         # finite: with batching='dynamic' an infinite window would keep a short batch waiting forever
         self.batch_window_s = _check_real(E, "batch_window_s", self.batch_window_s, "a finite number of seconds >= 0")
+        self.guided_compile_timeout_s = _check_real(E, "guided_compile_timeout_s", self.guided_compile_timeout_s,
+                                                    "a finite number of seconds > 0", lambda x: x > 0)
         if self.tokenizer is not None and not isinstance(self.tokenizer, str):
             raise ValueError(f"EngineConfig.tokenizer must be None or a path (str), got {self.tokenizer!r}")
         if self.quant_config is not None and not isinstance(self.quant_config, dict):

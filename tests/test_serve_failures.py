@@ -161,10 +161,11 @@ def test_a_loop_that_dies_ends_every_stream_and_health_says_so():
 @pytest.mark.parametrize("body, param, words", [
     ({"n": 1_000_000_000, "temperature": 1}, "n", "above this engine's max_n=128"),
     ({"n": 2, "best_of": 20_000, "temperature": 1}, "best_of", "SamplingParams.best_of=20000 is above"),
-    ({"prompt": "to be " * 2_000_000}, "prompt", "bytes (>= "),                        # 12 MB: refused untokenized
+    ({"prompt": "to be " * 600_000}, "prompt", "bytes (>= "),                          # 3.6 MB: refused untokenized
 ])
 def test_huge_requests_are_refused_before_anything_is_built(server, body, param, words):
-    """N1: n=10^9 once built 10^9 sequences (22 GB) before any check; a 12 MB prompt was tokenized on the loop."""
+    """N1: n=10^9 once built 10^9 sequences (22 GB) before any check; a 12 MB prompt was tokenized on the loop (a
+    body over 4 MiB is now a 413, unread: test_a_body_above_the_limit_is_413_unread)."""
     r = httpx.post(server.url + "/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4, **body},
                    timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == param and words in r.json()["error"]["message"]
@@ -172,9 +173,22 @@ def test_huge_requests_are_refused_before_anything_is_built(server, body, param,
 
 
 def test_a_body_above_the_limit_is_413_unread(server):
-    r = httpx.post(server.url + "/completions", content=b"x" * (17 * 2**20),
+    r = httpx.post(server.url + "/completions", content=b"x" * (5 * 2**20),
                    headers={"content-type": "application/json"}, timeout=30)
-    assert r.status_code == 413 and "above this server's limit" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert r.status_code == 413 and "5242880 bytes, above this server's limit of 4194304" in message
+
+
+def test_a_chunked_body_is_cut_off_at_the_limit(server):
+    """Without a Content-Length the body was read whole, however large: now the read stops where it passes 4 MiB."""
+    def body():
+        for _ in range(64):                      # 64 MiB offered
+            yield b"x" * 2**20
+    r = httpx.post(server.url + "/completions", content=body(), headers={"content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 413 and "more than 4194304 bytes" in r.json()["error"]["message"]
+    ok = httpx.post(server.url + "/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=30)
+    assert ok.status_code == 200
 
 
 def test_the_engine_api_refuses_the_same_values(llm):

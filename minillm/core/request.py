@@ -43,6 +43,18 @@ class Request:
                              self.seqs[0].metrics, list(prompt_lp) if prompt_lp is not None else None)
 
 
+def check_scheduling(priority, client, order):
+    """priority: an int, read only by an order that uses it (vLLM refuses a priority without priority
+    scheduling too: silently ignored, it would mislead); client: None, a str or an int naming who sent it."""
+    if isinstance(priority, bool) or not hasattr(priority, "__index__"):
+        raise ValueError(f"priority must be an integer (lower is served first), got {priority!r}")
+    if priority != 0 and not getattr(order, "uses_priority", False):
+        raise ValueError(f"priority={priority} needs scheduling_policy='priority' (this engine's order is "
+                         f"{getattr(order, 'name', type(order).__name__)!r}, which would ignore it)")
+    if client is not None and (isinstance(client, bool) or not isinstance(client, (str, int))):
+        raise ValueError(f"client must be None, a str or an int naming who sent the request, got {client!r}")
+
+
 def prompt_ids(prompt, tokenizer, vocab_size: int, max_model_len: int) -> list[int]:
     """A prompt (text, a list of token ids with BOS, a 1-D array or tensor) -> its token ids, or a ValueError
     naming what is wrong and the limit. Queues nothing."""

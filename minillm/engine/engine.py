@@ -30,7 +30,7 @@ from ..core.detokenizer import Detokenizer
 from ..core.logprobs import Logprobs, check_logprobs
 from ..core.model_runner import ModelRunner
 from ..core.outputs import RequestOutput
-from ..core.request import Request, prompt_ids
+from ..core.request import Request, check_scheduling, prompt_ids
 from ..core.sampling import SamplingParams
 from ..core.scheduler import Scheduler
 from ..core.sequence import Sequence
@@ -75,10 +75,12 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def make_request(self, prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
-                     arrival_time: Optional[float] = None, priority: int = 0, client=None, lora=None) -> Request:
+                     arrival_time: Optional[float] = None, priority: int = 0, client=None, lora=None,
+                     compile_workers=None) -> Request:
         """Validate a prompt (text, or token ids with BOS) and its parameters; queues nothing (see enqueue).
         priority: lower is served first (scheduling_policy "priority"); client: who sent it (str or int; "fair");
-        lora: a LoRA adapter's name, directory or LoRAAdapter (needs enable_lora=True), parsed on first use."""
+        lora: a LoRA adapter's name, directory or LoRAAdapter (needs enable_lora=True), parsed on first use;
+        compile_workers: the processes a guided_* pattern compiles in (the server's: minillm.guided.workers)."""
         params = SamplingParams() if params is None else params
         adapter = self.lora_adapter(lora)
         if not isinstance(params, SamplingParams):
@@ -86,9 +88,10 @@ class LLMEngine:
         self.config.check_samples(params)          # n, best_of: before one Sequence (and its generator) is built
         ids = self.validate(prompt)
         self.check_fits(len(ids), params)
-        self.check_scheduling(priority, client)
+        check_scheduling(priority, client, self.scheduler.order)
         check_logprobs(params, self.model.config.vocab_size)
-        params = attach_guide(params, self.tokenizer, ids, self.config.max_model_len, self.jump_forward)  # guided_*
+        params = attach_guide(params, self.tokenizer, ids, self.config.max_model_len, self.jump_forward,  # guided_*
+                              self.config.guided_compile_timeout_s, compile_workers)
         if request_id is None:
             request_id = str(next(self._req_ids))
             while request_id in self.requests:  # never collide with an id the caller chose
@@ -164,18 +167,6 @@ class LLMEngine:
             raise ValueError(f"request needs up to {need} KV blocks ({prompt_len} prompt tokens + max_tokens="
                              f"{params.max_tokens}, block_size={bs}) but the whole pool has "
                              f"{self.block_manager.num_blocks}: lower max_tokens, or raise kv_cache_bytes")
-
-    def check_scheduling(self, priority, client):
-        """priority: an int, read only by an order that uses it (vLLM refuses a priority without priority
-        scheduling too: silently ignored, it would mislead); client: None, a str or an int naming who sent it."""
-        if isinstance(priority, bool) or not hasattr(priority, "__index__"):
-            raise ValueError(f"priority must be an integer (lower is served first), got {priority!r}")
-        order = self.scheduler.order
-        if priority != 0 and not getattr(order, "uses_priority", False):
-            raise ValueError(f"priority={priority} needs scheduling_policy='priority' (this engine's order is "
-                             f"{getattr(order, 'name', type(order).__name__)!r}, which would ignore it)")
-        if client is not None and (isinstance(client, bool) or not isinstance(client, (str, int))):
-            raise ValueError(f"client must be None, a str or an int naming who sent the request, got {client!r}")
 
     def abort(self, request_id: str):
         if str(request_id) not in self.requests:

@@ -16,10 +16,10 @@ from collections import deque
 
 import numpy as np
 
+from .budget import MAX_DFA_STATES, NO_BUDGET, CompileBudget
 from .regex import Alt, Chars, Concat, RegexError, Repeat, parse
 
 MAX_NFA_STATES = 200_000
-MAX_DFA_STATES = 4096     # the token index holds a (S, V) table: 4096 x 4096 int32 is 64 MiB
 
 
 # ---------------------------------------------------------------------------- code points -> UTF-8 byte ranges
@@ -188,10 +188,7 @@ class DFA:
         """(S,) the fewest bytes from each state to an accepting one (computed once)."""
         if self._byte_dist is not None:
             return self._byte_dist
-        preds = [[] for _ in range(self.num_states)]
-        for s, t in zip(*np.nonzero(self.trans >= 0)):
-            preds[int(self.trans[s, t])].append(int(s))
-        self._byte_dist = distances_to_accept(preds, self.accepting, np.iinfo(np.int32).max)
+        self._byte_dist = distances_to_accept(_preds(self.trans), self.accepting, np.iinfo(np.int32).max)
         return self._byte_dist
 
     def sample(self, rng: np.random.Generator, stop: float = 0.3, max_len: int = 64) -> bytes:
@@ -209,9 +206,11 @@ class DFA:
             state = int(self.trans[state, b])
 
 
-def compile_dfa(pattern, minimize: bool = True) -> DFA:
+def compile_dfa(pattern, minimize: bool = True, max_states: int = MAX_DFA_STATES,
+                budget: CompileBudget = NO_BUDGET) -> DFA:
     """A pattern (text, or a parsed AST) -> its DFA over UTF-8 bytes. Raises RegexError for an unsupported
-    construct, a pattern that matches no string, or one too large."""
+    construct, a pattern that matches no string, one whose DFA passes max_states (4x before minimisation: the
+    subset construction stops there), or one whose compile passes the budget's time (minillm.guided.budget)."""
     ast = parse(pattern) if isinstance(pattern, str) else pattern
     nfa = _NFA()
     s0, final = nfa.build(ast)
@@ -226,6 +225,8 @@ def compile_dfa(pattern, minimize: bool = True) -> DFA:
     ids, order, rows = {start: 0}, [start], []
     closures: dict[frozenset, frozenset] = {}
     while len(rows) < len(order):
+        if len(rows) % 256 == 0:
+            budget.check_time(f"building the DFA ({len(rows)} states so far)")
         targets = [set() for _ in range(C)]
         for s in order[len(rows)]:
             for clo, chi, t in moves[s]:
@@ -240,9 +241,9 @@ def compile_dfa(pattern, minimize: bool = True) -> DFA:
             if d is None:
                 d = closures[key] = nfa.closure(tg)
             if d not in ids:
-                if len(order) >= MAX_DFA_STATES * 4:
-                    raise RegexError(f"guided_regex: pattern too large (its DFA passes {MAX_DFA_STATES * 4} states "
-                                     "before minimisation)")
+                if len(order) >= max_states * 4:
+                    raise RegexError(f"guided_regex: pattern too large (its DFA passes {max_states * 4} states "
+                                     f"before minimisation{_why(max_states)})")
                 ids[d] = len(order)
                 order.append(d)
             row[c] = ids[d]
@@ -251,22 +252,32 @@ def compile_dfa(pattern, minimize: bool = True) -> DFA:
     accepting = np.array([final in d for d in order])
     trans, accepting = _trim(trans, accepting)
     if minimize:
-        trans, accepting = _minimize(trans, accepting)
+        trans, accepting = _minimize(trans, accepting, budget)
     trans, accepting = _bfs_order(trans, accepting)
-    if len(accepting) > MAX_DFA_STATES:
+    if len(accepting) > max_states:
         raise RegexError(f"guided_regex: pattern too large (its DFA has {len(accepting)} states, more than "
-                         f"{MAX_DFA_STATES})")
+                         f"{max_states}{_why(max_states)})")
     return DFA(trans, accepting)
 
 
+def _why(max_states: int) -> str:
+    return "" if max_states == MAX_DFA_STATES else ": the most whose token masks over this vocabulary fit in memory"
+
+
+def _preds(trans: np.ndarray) -> list:
+    """preds[t]: the states with a byte edge into t, each once. trans (S, 256)."""
+    S = len(trans)
+    src, b = np.nonzero(trans >= 0)
+    pairs = np.unique(trans[src, b].astype(np.int64) * S + src)    # (E,) edges, sorted by target
+    bounds = np.searchsorted(pairs // S, np.arange(S + 1))
+    sources = (pairs % S).tolist()
+    return [sources[bounds[t]:bounds[t + 1]] for t in range(S)]
+
+
 def _trim(trans: np.ndarray, accepting: np.ndarray):
-    """Drop the states from which no accepting state can be reached (their transitions become -1)."""
-    alive = accepting.copy()
-    while True:
-        grown = alive | (np.where(trans >= 0, alive[np.maximum(trans, 0)], False)).any(1)
-        if (grown == alive).all():
-            break
-        alive = grown
+    """Drop the states from which no accepting state can be reached (their transitions become -1): one search
+    backwards from the accepting states."""
+    alive = distances_to_accept(_preds(trans), accepting, -1 + 2**62) < 2**62 - 1
     if not alive[0]:
         raise RegexError("guided_regex: the pattern matches no string (an empty class such as [^\\s\\S]?)")
     return _renumber(trans, accepting, np.where(alive, np.cumsum(alive) - 1, -1))
@@ -284,17 +295,36 @@ def _renumber(trans: np.ndarray, accepting: np.ndarray, new_id: np.ndarray):
     return t, accepting[first]
 
 
-def _minimize(trans: np.ndarray, accepting: np.ndarray):
-    """Moore's partition refinement: split blocks by (block, blocks of the 256 successors) until stable."""
+ROW_HASH = np.random.default_rng(0).integers(1, 2**62, size=257, dtype=np.int64) | 1   # odd 64-bit multipliers
+
+
+def _minimize(trans: np.ndarray, accepting: np.ndarray, budget: CompileBudget = NO_BUDGET):
+    """Moore's partition refinement: split blocks by (block, blocks of the 256 successors) until the count of
+    blocks stops growing. A round numbers the rows by a 64-bit hash of them (one 1-D unique, where the exact rows
+    need a sort of (S, C + 1) rows: a long chain of states takes a round per state); the final partition is then
+    checked exactly, and the rounds run again on the exact rows if a collision left it unstable."""
     cols = np.unique(trans, axis=1)                                   # (S, C): bytes no state tells apart, once
-    block, count = accepting.astype(np.int64), len(np.unique(accepting))
-    while True:
-        succ = np.where(cols >= 0, block[np.maximum(cols, 0)], -1)    # (S, C)
-        _, first, inv = np.unique(np.column_stack([block, succ]), axis=0, return_index=True, return_inverse=True)
-        block = np.argsort(np.argsort(first))[inv.reshape(-1)]        # numbered by first state: the start's is 0
-        if len(first) == count:
-            return _renumber(trans, accepting, block)
-        count = len(first)
+    mult = ROW_HASH[:cols.shape[1] + 1]
+    for exact in (False, True):
+        block, count = accepting.astype(np.int64), len(np.unique(accepting))
+        while True:
+            budget.check_time(f"minimising the DFA ({len(block)} states)")
+            rows = np.column_stack([block, np.where(cols >= 0, block[np.maximum(cols, 0)], -1)])   # (S, C + 1)
+            if exact:
+                _, first, inv = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+            else:                                                     # (S,) int64, wrapping
+                _, first, inv = np.unique(rows @ mult, return_index=True, return_inverse=True)
+            block = np.argsort(np.argsort(first))[inv.reshape(-1)]    # numbered by first state: the start's is 0
+            grew, count = len(first) > count, len(first)
+            if not grew:                        # stable (or a collision merged blocks: then the count may fall, and
+                break                           # waiting for it to repeat could cycle; the check below catches it)
+        rows = np.column_stack([accepting, np.where(cols >= 0, block[np.maximum(cols, 0)], -1)])
+        rep = np.zeros(count, dtype=np.int64)
+        rep[block] = np.arange(len(block))                            # a state of each block
+        if (rows == rows[rep[block]]).all():        # each block's states agree on acceptance and successors' blocks:
+            return _renumber(trans, accepting, block)   # a congruence, so its states are equivalent; a collision only
+                                                        # ever merges, so it is also no finer than Moore's: the same
+    raise AssertionError("Moore's refinement ended unstable")         # the exact round cannot
 
 
 def _bfs_order(trans: np.ndarray, accepting: np.ndarray):

@@ -32,7 +32,7 @@ import math
 import re
 
 from .fsm import compile_dfa
-from .regex import RegexError, parse, unparse
+from .regex import MAX_PATTERN_CHARS, RegexError, parse, unparse
 
 STRING_UNIT = (r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]'
                r'|\\u(?:[0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))')   # one character of a JSON string
@@ -59,10 +59,15 @@ def schema_to_regex(schema) -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise ValueError(f"guided_json: not valid JSON text ({e})") from None
-    return _value(schema, "#")
+    pattern = _value(schema, "#")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(f"guided_json: the schema's regex has {len(pattern)} characters, more than "
+                         f"{MAX_PATTERN_CHARS} (long enums, many properties or deep anyOf): simplify the schema")
+    return pattern
 
 
 MAX_PATH_DEPTH = 24        # /properties/x or /items steps: a few levels of nesting, as real schemas have
+MAX_LEADING_OPTIONAL = 24  # optional properties before an object's first required one (see _object)
 
 def _fail(path: str, what: str) -> ValueError:
     return ValueError(f"guided_json: {what} (at {path})")
@@ -315,6 +320,12 @@ def _object(schema: dict, path: str) -> str:
                               "subset: give properties, or additionalProperties: <a schema>")
         pair = '"' + STRING_UNIT + '*":' + _value(extra, f"{path}/additionalProperties")
         return rf"\{{(?:{pair}(?:,{pair})*)?\}}"
+    leading = next((i for i, k in enumerate(props) if k in required), len(props))
+    if leading > MAX_LEADING_OPTIONAL:     # each may be the first one present: the regex repeats the rest per choice
+        raise _fail(path, f"{leading} optional properties come before the first required one, more than "
+                          f"{MAX_LEADING_OPTIONAL} (the regex holds a copy of the later ones for each that may come "
+                          "first: its size grows as their square): list a required property first, or mark more "
+                          "required")
     items = [(_literal(k) + ":" + _value(v, f"{path}/properties/{k}"), k in required) for k, v in props.items()]
 
     def rest(i: int, first: bool) -> str:             # the items from i on, comma-joined, every required one present

@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from .budget import NO_BUDGET, CompileBudget
 from .token_index import UNREACHABLE, TokenIndex, compile_choice, compile_json, compile_regex
 
 CACHE_ENTRIES = 64      # ids -> state entries kept per request (the newest; an older prefix is re-walked)
@@ -94,22 +95,25 @@ class GuidedProcessor:
         return out
 
 
-def guided_index(params, tokenizer) -> tuple[TokenIndex, str] | None:
+def guided_index(params, tokenizer, budget: CompileBudget = NO_BUDGET) -> tuple[TokenIndex, str] | None:
     """The compiled constraint a SamplingParams asks for, and its name; None without guided_*."""
     if params.guided_regex is not None:
-        return compile_regex(params.guided_regex, tokenizer), "guided_regex"
+        return compile_regex(params.guided_regex, tokenizer, budget=budget), "guided_regex"
     if params.guided_json is not None:
-        return compile_json(params.guided_json, tokenizer), "guided_json"
+        return compile_json(params.guided_json, tokenizer, budget), "guided_json"
     if params.guided_choice is not None:
-        return compile_choice(params.guided_choice, tokenizer), "guided_choice"
+        return compile_choice(params.guided_choice, tokenizer, budget), "guided_choice"
     return None
 
 
-def attach(params, tokenizer, prompt_ids: list, max_model_len: int, jump_forward: bool = True):
+def attach(params, tokenizer, prompt_ids: list, max_model_len: int, jump_forward: bool = True,
+           timeout_s: float | None = None, workers=None):
     """SamplingParams with guided_* -> a copy whose logits_processors end with this request's GuidedProcessor
     (the caller's object is left alone: LLM.generate shares one among prompts). Anything wrong is a ValueError
     here, before the request is queued: an unsupported construct or keyword, a pattern no token sequence can
-    complete, one whose shortest match needs more tokens than max_tokens allows, a conflicting option."""
+    complete, one whose shortest match needs more tokens than max_tokens allows (checked on the pattern's tree
+    before its DFA is built, then exactly), a conflicting option, a compile past timeout_s seconds or past the
+    states whose masks fit in memory (minillm.guided.budget); workers: where the DFA is built (None: here)."""
     if params.guided_regex is None and params.guided_json is None and params.guided_choice is None:
         return params
     name = next(n for n in ("guided_regex", "guided_json", "guided_choice") if getattr(params, n) is not None)
@@ -119,9 +123,9 @@ def attach(params, tokenizer, prompt_ids: list, max_model_len: int, jump_forward
     if params.stop:
         raise ValueError(f"{name} with stop strings {params.stop!r}: a stop string could end the output before "
                          "the pattern completes, and the output would not match; drop stop")
-    index, name = guided_index(params, tokenizer)
-    after_bos = prompt_ids[-1] == tokenizer.bos_id
     budget = min(params.max_tokens, max_model_len - len(prompt_ids))
+    index, name = guided_index(params, tokenizer, CompileBudget(timeout_s, budget, name, params.max_tokens, workers))
+    after_bos = prompt_ids[-1] == tokenizer.bos_id
     need = index.min_tokens(after_bos)
     if need >= UNREACHABLE:
         raise ValueError(f"{name}: no sequence of this tokenizer's tokens can complete a match (a character no token "

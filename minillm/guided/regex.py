@@ -14,6 +14,7 @@ Characters are Unicode code points; surrogates (U+D800..U+DFFF) are left out, as
 """
 from __future__ import annotations
 
+import math
 import unicodedata
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ MAX_CODE = 0x10FFFF
 
 
 MAX_DEPTH = 100            # nested groups a pattern may have
+MAX_PATTERN_CHARS = 100_000   # a pattern's length: parsing is Python, about a second per 100k characters
 
 class RegexError(ValueError):
     """A pattern this dialect does not accept; the message names the construct and where it is."""
@@ -93,7 +95,8 @@ class _Parser:
 
     def fail(self, what: str, at: int | None = None) -> RegexError:
         at = self.i if at is None else at
-        return RegexError(f"guided_regex: {what} at position {at} of {self.p!r}")
+        shown = repr(self.p) if len(self.p) <= 200 else repr(self.p[:200]) + f"... ({len(self.p)} characters)"
+        return RegexError(f"guided_regex: {what} at position {at} of {shown}")
 
     def peek(self, n: int = 1) -> str:
         return self.p[self.i:self.i + n]
@@ -328,7 +331,23 @@ def parse(pattern: str):
     """Pattern text -> its AST. Raises RegexError (a ValueError) naming an unsupported construct."""
     if not isinstance(pattern, str):
         raise RegexError(f"guided_regex must be a str, got {type(pattern).__name__}")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise RegexError(f"guided_regex: the pattern has {len(pattern)} characters, more than {MAX_PATTERN_CHARS}")
     return _Parser(pattern).parse()
+
+
+# ---------------------------------------------------------------------------- sizes, before any automaton
+def min_bytes(node) -> float:
+    """The fewest UTF-8 bytes of a string the AST matches (inf: none), from the tree alone: what a guided request's
+    max_tokens is checked against before its DFA is built (minillm.guided.budget)."""
+    if isinstance(node, Chars):    # a range's lowest code point has its shortest encoding (one of surrogates only
+        return min((1 if lo < 0x80 else 2 if lo < 0x800 else 3 if lo < 0x10000 else 4 for lo, _ in node.ranges),
+                   default=math.inf)             # matches nothing: counting it as 3 bytes only lowers the bound)
+    if isinstance(node, Concat):
+        return sum(min_bytes(p) for p in node.parts)
+    if isinstance(node, Alt):
+        return min((min_bytes(o) for o in node.options), default=math.inf)
+    return node.lo * min_bytes(node.item) if node.lo else 0
 
 
 # ---------------------------------------------------------------------------- AST -> pattern text

@@ -23,6 +23,7 @@ C strings) is never allowed (it would let a sample spin without moving the DFA).
 from __future__ import annotations
 
 import json
+import threading
 import weakref
 from collections import OrderedDict
 
@@ -30,12 +31,14 @@ import numpy as np
 import torch
 
 from ..llama.tokenizer import BOS, EOS, UNK, Tokenizer
+from .budget import NO_BUDGET, CompileBudget, max_states
 from .fsm import DFA, compile_dfa, distances_to_accept
-from .regex import RegexError
+from .regex import Alt, RegexError, literal, parse
 
 UNREACHABLE = np.iinfo(np.int32).max
 MAX_BIASES = 2048         # (V,) float32 biases cached per index: 32 MiB at V = 4096
 _VOCABS: "weakref.WeakKeyDictionary[object, Vocab]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()     # the vocabularies and their caches, shared by the threads that build requests
 
 
 class Vocab:
@@ -59,6 +62,7 @@ class Vocab:
                              f"whose tokens' bytes it knows (llama2.c's, or a tokenizer.json); got "
                              f"{type(tokenizer).__name__}")
         self.text = np.array([ok and len(b) > 0 for ok, b in zip(text, self.bytes)])    # (V,)
+        self.longest = max((len(b) for b, ok in zip(self.bytes, self.text) if ok), default=0)  # bytes, a text token
         self.indexes: OrderedDict = OrderedDict()                                # compiled constraints, LRU
 
     @property
@@ -101,11 +105,12 @@ class Vocab:
 
 def vocab_of(tokenizer) -> Vocab:
     """One Vocab per tokenizer object, kept as long as the tokenizer lives."""
-    v = _VOCABS.get(tokenizer)
-    if v is None:
-        v = Vocab(tokenizer)
-        _VOCABS[tokenizer] = v
-    return v
+    with _LOCK:
+        v = _VOCABS.get(tokenizer)
+        if v is None:
+            v = Vocab(tokenizer)
+            _VOCABS[tokenizer] = v
+        return v
 
 
 def walk_tokens(trans: np.ndarray, states: np.ndarray, tok_bytes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -123,20 +128,22 @@ class TokenIndex:
     """A compiled constraint: its DFA and every state's token mask over one vocabulary (see the module docstring).
     States 0 .. S - 1 are the DFA's; S is the start state as seen right after BOS."""
 
-    def __init__(self, dfa: DFA, vocab: Vocab, source: str = "regex"):
+    def __init__(self, dfa: DFA, vocab: Vocab, source: str = "regex", budget: CompileBudget = NO_BUDGET):
         self.dfa, self.vocab, self.source = dfa, vocab, source
         S, V = dfa.num_states, vocab.size
         self.num_states, self.start, self.start_after_bos = S, dfa.start, S
         self.accepting = np.append(dfa.accepting, dfa.accepting[dfa.start])       # (S + 1,)
         nxt = np.empty((S + 1, V), dtype=np.int32)
         tb, lens = vocab.matrix()
-        step = max(8, (1 << 23) // V)        # states per chunk: (step, V) int32 temporaries of ~32 MiB at any V
+        step = max(8, (1 << 20) // V)        # states per chunk: (step, V) int32 temporaries of ~4 MiB at any V
+                                             # (each numpy call holds the GIL: a few ms, not a stall of the server)
         for lo in range(0, S, step):                                             # chunks bound the temporaries
+            budget.check_time(f"walking the vocabulary's tokens from {S} states ({lo} done)")
             nxt[lo:min(S, lo + step)] = walk_tokens(dfa.trans, np.arange(lo, min(S, lo + step)), tb, lens)
         tb, lens = vocab.matrix(after_bos=True)
         nxt[S] = np.where(lens > 0, walk_tokens(dfa.trans, np.array([dfa.start]), tb, lens)[0], -1)
         nxt[:, ~vocab.text] = -1
-        self.dist = self._distances(nxt)
+        self.dist = self._distances(nxt, budget)
         self._dist_of = np.append(self.dist, UNREACHABLE)                         # index -1: unreachable
         self.max_need = np.zeros(S + 1, dtype=np.int64)                           # (S + 1,) see tokens_needed
         for lo in range(0, S + 1, step):
@@ -151,11 +158,13 @@ class TokenIndex:
         self._levels: dict[int, np.ndarray] = {}                                  # state -> its distinct needs
         self._forced: dict[int, list] = {}
 
-    def _distances(self, nxt: np.ndarray) -> np.ndarray:
+    def _distances(self, nxt: np.ndarray, budget: CompileBudget) -> np.ndarray:
         """(S + 1,) fewest tokens to an accepting state: BFS backwards over the distinct (s -> s') token edges."""
         n = nxt.shape[0]
         preds = [[] for _ in range(n)]
         for s in range(n):
+            if s % 64 == 0:
+                budget.check_time(f"measuring token distances ({s} of {n} states)")
             for t in np.unique(nxt[s][nxt[s] >= 0]):
                 preds[t].append(s)
         return distances_to_accept(preds, self.accepting, UNREACHABLE)
@@ -212,7 +221,8 @@ class TokenIndex:
 
     @property
     def nbytes(self) -> int:
-        return self.next.nbytes + self.allowed.numel() + sum(b.numel() * 4 for b in self._bias.values())
+        biases = list(self._bias.values())              # one atomic copy: a step in another thread may add one
+        return self.next.nbytes + self.allowed.numel() + sum(b.numel() * 4 for b in biases)
 
     def min_tokens(self, after_bos: bool = False) -> int:
         """The fewest tokens of a complete match (from the start state)."""
@@ -231,40 +241,50 @@ class TokenIndex:
 MAX_CACHED, MAX_CACHED_BYTES = 16, 256 * 2**20   # compiled constraints kept per vocabulary (a request holds its own)
 
 
-def _cached(tokenizer, key: tuple, build) -> TokenIndex:
+def build_dfa(source: tuple, minimize: bool, max_states: int, longest: int, budget: CompileBudget) -> DFA:
+    """source ("regex", pattern) or ("choice", strings) -> its DFA, within budget: the length check on the tree
+    (longest: the vocabulary's longest token, in bytes) before any state, then the states and the time. Runs where
+    the budget says (a worker process, for the server)."""
+    kind, data = source
+    ast = parse(data) if kind == "regex" else Alt(tuple(literal(c) for c in data))
+    budget.check_length(ast, longest)
+    return compile_dfa(ast, minimize, max_states, budget)
+
+
+def _cached(tokenizer, key: tuple, source: tuple, budget: CompileBudget, minimize: bool = True,
+            label: str = "guided_regex") -> TokenIndex:
+    """The constraint `key` over tokenizer's vocabulary: from the cache, or built from source within budget
+    (build_dfa, then the token masks here). label: how the pattern's errors name it."""
     vocab = vocab_of(tokenizer)
-    index = vocab.indexes.get(key)
-    if index is None:
-        index = TokenIndex(build(), vocab, key[0])
-        vocab.indexes[key] = index
+    with _LOCK:
+        index = vocab.indexes.get(key)
+    if index is None:                   # built outside the lock: the server's prepare threads compile side by side
+        try:
+            dfa = budget.build(build_dfa, source, minimize, max_states(vocab.size), vocab.longest)
+        except RegexError as e:
+            raise RegexError(str(e).replace("guided_regex", label, 1)) from None
+        index = TokenIndex(dfa, vocab, key[0], budget)
+    with _LOCK:
+        index = vocab.indexes.setdefault(key, index)
+        vocab.indexes.move_to_end(key)
         while len(vocab.indexes) > 1 and (len(vocab.indexes) > MAX_CACHED or
                                           sum(ix.nbytes for ix in vocab.indexes.values()) > MAX_CACHED_BYTES):
             vocab.indexes.popitem(last=False)                                   # least recently used first
-    vocab.indexes.move_to_end(key)
     return index
 
 
-def compile_regex(pattern: str, tokenizer, minimize: bool = True) -> TokenIndex:
+def compile_regex(pattern: str, tokenizer, minimize: bool = True, budget: CompileBudget = NO_BUDGET) -> TokenIndex:
     """guided_regex: the pattern's DFA and its token masks over tokenizer's vocabulary."""
-    return _cached(tokenizer, ("regex", pattern, minimize), lambda: compile_dfa(pattern, minimize))
+    return _cached(tokenizer, ("regex", pattern, minimize), ("regex", pattern), budget, minimize)
 
 
-def compile_json(schema, tokenizer) -> TokenIndex:
+def compile_json(schema, tokenizer, budget: CompileBudget = NO_BUDGET) -> TokenIndex:
     """guided_json: a JSON schema (dict or JSON text) through schema_to_regex, then as a regex."""
     from .json_schema import schema_to_regex
     pattern = schema_to_regex(schema)
-    return _cached(tokenizer, ("json", pattern), lambda: _as_json(pattern))
+    return _cached(tokenizer, ("json", pattern), ("regex", pattern), budget, label="guided_json (as a regex)")
 
 
-def compile_choice(choices: list, tokenizer) -> TokenIndex:
+def compile_choice(choices: list, tokenizer, budget: CompileBudget = NO_BUDGET) -> TokenIndex:
     """guided_choice: exactly one of the strings."""
-    from .regex import Alt, literal
-    return _cached(tokenizer, ("choice", json.dumps(list(choices))),
-                   lambda: compile_dfa(Alt(tuple(literal(c) for c in choices))))
-
-
-def _as_json(pattern: str) -> DFA:
-    try:
-        return compile_dfa(pattern)
-    except RegexError as e:
-        raise RegexError(str(e).replace("guided_regex", "guided_json (as a regex)", 1)) from None
+    return _cached(tokenizer, ("choice", json.dumps(list(choices))), ("choice", tuple(choices)), budget)

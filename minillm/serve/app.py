@@ -24,19 +24,20 @@ from starlette.exceptions import HTTPException
 from ..formats.chat_template import CHAT_STOP, CHAT_TEMPLATE, render_chat
 from . import protocol as P
 from .async_engine import AsyncEngine, EngineDown
+from .body_limit import MAX_BODY_BYTES, BodyLimit
 from .echo import Echo
 from .protocol import ServeError
 from .stream import Delta
 
 
 def build_app(engine, model_name: str, chat_template: Optional[str] = None, max_logprobs: int = 20,
-              lora_modules: Optional[dict] = None, max_body_bytes: int = 16 * 2**20) -> FastAPI:
+              lora_modules: Optional[dict] = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """engine: an LLMEngine (llm.engine); it belongs to the app's engine loop while the app runs. max_logprobs:
     the most top-k a request may ask per token (logprobs, prompt_logprobs, top_logprobs; vLLM's default 20).
     lora_modules: {served name: a LoRA adapter's shipped name or PEFT directory} (needs enable_lora): a request
     whose `model` is such a name runs with that adapter, as vLLM's --lora-modules; each is read now.
-    max_body_bytes: a larger request body (by its Content-Length) is a 413 before it is read. The engine's own
-    limits (max_n samples, max_model_len, the prompt's bytes) refuse the rest before anything is built."""
+    max_body_bytes: a larger request body is a 413 (see BodyLimit). The engine's own limits (max_n samples,
+    max_model_len, the prompt's bytes) refuse the rest before anything is built."""
     aengine = AsyncEngine(engine)
     served = Served(aengine, model_name, engine.tokenizer, engine.config.max_model_len, chat_template, max_logprobs)
     for name, spec in (lora_modules or {}).items():
@@ -53,14 +54,7 @@ def build_app(engine, model_name: str, chat_template: Optional[str] = None, max_
     app = FastAPI(title="minillm", lifespan=lifespan)
     app.state.engine = aengine
     _add_error_handlers(app)
-
-    @app.middleware("http")
-    async def body_limit(request: Request, call_next):
-        size = request.headers.get("content-length", "")
-        if size.isdigit() and int(size) > max_body_bytes:
-            return JSONResponse(P.error_body(f"the request body has {size} bytes, above this server's limit of "
-                                             f"{max_body_bytes}", 413), status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     _add_info_routes(app, served)
     _add_completion_routes(app, served)
     _add_chat_routes(app, served)
@@ -91,13 +85,13 @@ class Served:
         raise ServeError(f"The model `{name}` does not exist (this server serves {served}: GET /v1/models)", 404,
                          "model")
 
-    async def submit(self, prompts, params, req, rid, fill_context=False):
+    async def submit(self, prompts, params, req, rid, context="refuse"):
         if req.stream and params.num_samples > params.n:
             raise ServeError(f"best_of={params.best_of} > n={params.n} cannot stream: the best samples are known "
                              "only when all have finished", param="best_of")
         try:
             return await self.aengine.submit(prompts, params, request_id=rid, priority=req.priority,
-                                             client=req.user, fill_context=fill_context,
+                                             client=req.user, context=context,
                                              lora=self.check_model(req.model))
         except ValueError as e:
             raise ServeError(str(e)) from None
@@ -173,7 +167,7 @@ def _add_completion_routes(app: FastAPI, served: Served):
         params = _params_of(req, logprobs=req.logprobs, prompt_logprobs=echo.prompt_k,
                             max_tokens=1 if echo.score_only else None)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        group = await served.submit(prompts, params, req, rid)
+        group = await served.submit(prompts, params, req, rid, context="clip" if echo.score_only else "refuse")
         shape = Shape(rid, req.model, params.n, served.tokenizer, chat=False, token_ids=req.return_token_ids,
                       echo=echo)
         if req.stream:
@@ -202,7 +196,7 @@ def _add_chat_routes(app: FastAPI, served: Served):
         if template == CHAT_TEMPLATE and CHAT_STOP not in params.stop and not guided:   # a reply is one speech
             params = replace(params, stop=params.stop + [CHAT_STOP])
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        group = await served.submit([text], params, req, rid, fill_context=fill)
+        group = await served.submit([text], params, req, rid, context="fill" if fill else "refuse")
         shape = Shape(rid, req.model, params.n, tokenizer, chat=True, token_ids=req.return_token_ids,
                       top_logprobs=top if req.logprobs else None)
         if req.stream:

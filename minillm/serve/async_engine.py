@@ -1,15 +1,20 @@
 """AsyncEngine: the engine loop behind `minillm serve`, an asyncio task that alone owns one LLMEngine.
 
-    HTTP handler ──Add / Abort / Stats──> inbox (asyncio.Queue) ──> the loop: apply every waiting command,
-                                                                    engine.step() in a worker thread,
+    HTTP handler ──Add──> a prepare thread: tokenize, validate, compile guided_*, load an adapter ──┐
+    HTTP handler ──Abort / Stats──> inbox (asyncio.Queue) <── Enqueue (the built requests) ───────┘
+                                      └──> the loop: apply every waiting command, engine.step() in a worker thread
     HTTP handler <──Update (deltas)──── the request group's queue <── each request's new text and tokens
 
 Handlers never call the engine: they put a command in the inbox and read their requests' updates from their own
 queue, so the engine is only ever touched between steps, by one task, and a step stays the transaction it is in
 LLM.generate. The step runs in a single worker thread (always the same one: torch's and numba's thread pools stay
 where the engine set them up) so that, meanwhile, the event loop accepts connections, parses requests and sends
-the previous step's tokens. A client that goes away cancels its handler, whose `finally` queues an Abort: the
-engine finishes the request with "abort" and frees its blocks before the next step.
+the previous step's tokens. A request is built (LLMEngine.make_request: tokenizing, validating, compiling its
+guided pattern within its budget, loading its adapter) in a small pool of prepare threads, beside the steps and off
+the event loop, so that a slow build (a hostile schema) delays no stream and no /health; it builds nothing in the
+engine, and the built requests join the engine through the inbox, between steps, in the order they were built. A
+client that goes away cancels its handler, whose `finally` queues an Abort: the engine finishes the request with
+"abort" and frees its blocks before the next step.
 
 This is vLLM's v0 AsyncLLMEngine (a background loop over LLMEngine.step feeding a per-request AsyncStream); v1
 moves the engine core into its own process behind ZeroMQ queues: the same shape, with a process boundary where
@@ -26,9 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from ..guided.workers import CompileWorkers
 from .stream import DeltaTracker
 
 log = logging.getLogger("minillm.serve")
+PREPARE_THREADS = 4     # requests built at once (a slow guided compile holds one for up to its budget)
+COMPILE_PROCESSES = 2   # guided patterns compiled at once, each in its own process (minillm.guided.workers)
+CONTEXT = {"clip": "max_tokens as given: the output stops at max_model_len (the engine's own rule)",
+           "fill": "max_tokens = what the context leaves after the prompt (chat without max_tokens, as vLLM)",
+           "refuse": "a prompt + max_tokens the context cannot hold is refused, naming both (vLLM's server)"}
 
 
 class EngineDown(RuntimeError):
@@ -51,10 +62,16 @@ class _Add:
     request_ids: list
     priority: int
     client: object
-    fill_context: bool          # max_tokens: whatever the context leaves after the prompt (chat's default, as vLLM)
+    context: str                # max_tokens against the context (see CONTEXT)
     lora: object                # the LoRA adapter a served adapter name stands for (None: the base model)
     queue: asyncio.Queue
     accepted: asyncio.Future    # -> each prompt's token ids, or the ValueError that refused them (nothing queued)
+
+
+@dataclass
+class _Enqueue:
+    add: _Add
+    requests: list              # [minillm.core.request.Request], built by a prepare thread
 
 
 @dataclass
@@ -111,10 +128,14 @@ class AsyncEngine:
         self._task: Optional[asyncio.Task] = None
         self.down: Optional[str] = None            # why the loop ended, if it did by itself
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minillm-step")
+        self._prepare_pool = ThreadPoolExecutor(max_workers=PREPARE_THREADS, thread_name_prefix="minillm-prepare")
+        self._compile_workers: Optional[CompileWorkers] = None   # guided_* patterns compile in these processes
+        self._preparing: set = set()            # the prepare tasks running (kept: the loop holds tasks weakly)
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ lifecycle (in the server's event loop)
     async def start(self):
+        self._compile_workers = CompileWorkers(COMPILE_PROCESSES).start()
         self.inbox = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="minillm engine loop")
         self._task.add_done_callback(self._ended)
@@ -131,7 +152,7 @@ class AsyncEngine:
             self._abort(rid, error=self.down)
         while not self.inbox.empty():                      # commands nobody will apply
             cmd = self.inbox.get_nowait()
-            future = getattr(cmd, "accepted", None) or getattr(cmd, "answer", None)
+            future = cmd.add.accepted if isinstance(cmd, _Enqueue) else getattr(cmd, "answer", None)
             if future is not None and not future.done():
                 future.set_exception(EngineDown(self.down))
 
@@ -144,6 +165,8 @@ class AsyncEngine:
     async def stop(self):
         """End the loop; the requests it queued that are still there are aborted and dropped (their blocks freed,
         their streams told), so the engine goes back to its owner as it came."""
+        for task in list(self._preparing):
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -151,12 +174,15 @@ class AsyncEngine:
             except (asyncio.CancelledError, Exception):       # a loop that died was reported when it did (_ended)
                 pass
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)   # a step still running ends
+        self._prepare_pool.shutdown(wait=False, cancel_futures=True)     # a build still running is dropped
+        if self._compile_workers is not None:
+            self._compile_workers.close()
         for rid in sorted(self.live):
             self._abort(rid)
 
     # ------------------------------------------------------------------ the handlers' side
     async def submit(self, prompts: list, params, *, request_id: Optional[str] = None, priority: int = 0,
-                     client=None, fill_context: bool = False, lora=None) -> RequestGroup:
+                     client=None, context: str = "clip", lora=None) -> RequestGroup:
         """Queue one request per prompt, all validated before any is queued (the engine's ValueError if one is
         refused; "prompt i: ..." when there are several). The caller iterates the group and closes it in a
         `finally`: closing early aborts what still runs."""
@@ -165,7 +191,10 @@ class AsyncEngine:
         base = request_id or f"req-{next(self._ids)}"
         rids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
         queue, accepted = asyncio.Queue(), asyncio.get_running_loop().create_future()
-        await self.inbox.put(_Add(list(prompts), params, rids, priority, client, fill_context, lora, queue, accepted))
+        task = asyncio.get_running_loop().create_task(
+            self._prepare(_Add(list(prompts), params, rids, priority, client, context, lora, queue, accepted)))
+        self._preparing.add(task)
+        task.add_done_callback(self._preparing.discard)
         try:
             prompt_ids = await accepted
         except asyncio.CancelledError:                   # the client left while its requests were being queued
@@ -225,26 +254,22 @@ class AsyncEngine:
 
     def _apply(self, cmd):
         engine = self.engine
-        if isinstance(cmd, _Add):
-            if cmd.accepted.cancelled():                   # the client left before its requests were queued
+        if isinstance(cmd, _Enqueue):
+            add, requests = cmd.add, cmd.requests
+            if add.accepted.done():                        # the client left while they were built: nothing to free
                 return
-            try:
-                requests = [self._make(cmd, i) for i in range(len(cmd.prompts))]   # every prompt validated first
-            except ValueError as e:
-                cmd.accepted.set_exception(e)
-                return
-            except Exception as e:                         # a bug, not the user's mistake: this call fails, the
-                log.exception("building a request failed")  # loop (and every other stream) goes on
-                cmd.accepted.set_exception(RuntimeError(f"{type(e).__name__}: {e}"))
+            taken = [r.request_id for r in requests if r.request_id in engine.requests]
+            if taken:                                      # another request took the id while this one was built
+                add.accepted.set_exception(ValueError(f"request_id {taken[0]!r} is already in use"))
                 return
             for r in requests:
                 engine.enqueue(r)
                 self.live.add(r.request_id)
-                self.streams[r.request_id] = _Stream(cmd.queue, DeltaTracker(r.params.stop))
+                self.streams[r.request_id] = _Stream(add.queue, DeltaTracker(r.params.stop))
                 self.counts["added"] += 1
                 self.counts["prompt_tokens"] += len(r.prompt_ids)
                 log.info("request %s queued: %d prompt tokens", r.request_id, len(r.prompt_ids))
-            cmd.accepted.set_result([list(r.prompt_ids) for r in requests])
+            add.accepted.set_result([list(r.prompt_ids) for r in requests])
         elif isinstance(cmd, _Abort):
             self._abort(cmd.request_id)
         elif isinstance(cmd, _Stats):
@@ -254,14 +279,47 @@ class AsyncEngine:
                                    "num_blocks": bm.num_blocks, "free_blocks": bm.num_free,
                                    "streams": len(self.streams), "tokens_per_s": self.tokens_per_s()})
 
+    async def _prepare(self, cmd: _Add):
+        """Build cmd's requests in a prepare thread (every prompt validated first), then hand them to the loop; a
+        refusal (ValueError) or a bug (anything else, BaseException included: it must not reach the event loop)
+        fails this call alone."""
+        try:
+            requests = await asyncio.get_running_loop().run_in_executor(
+                self._prepare_pool, lambda: [self._make(cmd, i) for i in range(len(cmd.prompts))])
+        except asyncio.CancelledError:                     # stop(): the server is going down
+            if not cmd.accepted.done():
+                cmd.accepted.set_exception(EngineDown("the server is stopping"))
+            raise
+        except ValueError as e:
+            self._refuse(cmd, e)
+            return
+        except BaseException as e:                         # noqa: BLE001 - a bug, not the user's mistake
+            log.error("building a request failed", exc_info=e)
+            self._refuse(cmd, RuntimeError(f"{type(e).__name__}: {e}"))
+            return
+        if self.health() is not None:                      # the loop died meanwhile: nobody would enqueue them
+            self._refuse(cmd, EngineDown(self.health()))
+        elif not cmd.accepted.done():                      # (done: the client left meanwhile)
+            self.inbox.put_nowait(_Enqueue(cmd, requests))
+
+    @staticmethod
+    def _refuse(cmd: _Add, error: BaseException):
+        if not cmd.accepted.done():
+            cmd.accepted.set_exception(error)
+
     def _make(self, cmd: _Add, i: int):
         engine, prompt, params = self.engine, cmd.prompts[i], cmd.params
         try:
-            if cmd.fill_context:
-                ids = engine.validate(prompt)
-                params = replace(params, max_tokens=max(1, engine.config.max_model_len - len(ids)))
+            if cmd.context != "clip":
+                ids, limit = engine.validate(prompt), engine.config.max_model_len
+                if cmd.context == "fill":
+                    params = replace(params, max_tokens=max(1, limit - len(ids)))
+                elif len(ids) + params.max_tokens > limit:
+                    raise ValueError(f"SamplingParams.max_tokens={params.max_tokens}: with the prompt's {len(ids)} "
+                                     f"tokens that passes this model's context of max_model_len={limit} tokens: "
+                                     f"ask for at most {max(0, limit - len(ids))}")
             return engine.make_request(prompt, params, cmd.request_ids[i], priority=cmd.priority, client=cmd.client,
-                                       lora=cmd.lora)
+                                       lora=cmd.lora, compile_workers=self._compile_workers)
         except ValueError as e:
             raise ValueError(f"prompt {i}: {e}" if len(cmd.prompts) > 1 else str(e)) from None
 

@@ -154,7 +154,7 @@ def error_body(message: str, status: int = 400, param: Optional[str] = None) -> 
     kind = {400: "invalid_request_error", 404: "invalid_request_error"}.get(status, "server_error")
     code = "model_not_found" if status == 404 and param == "model" else None
     if param is None:                           # SamplingParams names its field: "SamplingParams.top_p must be"
-        m = re.search(r"SamplingParams\.(\w+)", message)
+        m = re.search(r"SamplingParams\.(\w+)", message) or re.match(r"(?:prompt \d+: )?(guided_\w+)", message)
         param = m.group(1) if m else "prompt" if re.match(r"(prompt \d+: )?prompt", message) else None
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
