@@ -13,6 +13,7 @@ budget plus GRACE_S, then kills the child (a new one starts for the next compile
 """
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import queue
@@ -133,6 +134,8 @@ def main():
             _write(out, answer)
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             _write(out, ("error", RuntimeError(f"the compile worker's answer did not pickle: {e}")))
+        del answer
+        gc.collect()                           # a big pattern's garbage, now, between requests (not in the next one)
 
 
 if __name__ == "__main__":
