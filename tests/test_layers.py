@@ -1,6 +1,7 @@
 """The package's layers (README's map): imports point down only, and no files import each other in a circle.
 
-    kernels, config, paths, progress, threads the ground: numba kernels, plain configuration, thread counts
+    kernels, config, paths, atomic, progress, the ground: numba kernels, plain configuration, thread counts,
+    threads                                   writes that replace a file whole
     llama, lora, moe                          the model and its numerics; LoRA adapters and experts, which plug
                                               into its linears and FFNs (llama never imports them)
     formats, guided                           files in and out; structured output's automata over the tokenizer
@@ -26,7 +27,7 @@ import os
 import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-LAYERS = {"kernels": 0, "config": 0, "paths": 0, "progress": 0, "threads": 0, "_moved": 0, "_checkout": 0,
+LAYERS = {"kernels": 0, "config": 0, "paths": 0, "atomic": 0, "progress": 0, "threads": 0, "_moved": 0, "_checkout": 0,
           "llama": 1, "lora": 1, "moe": 1, "formats": 2, "guided": 2,
           "core": 3,
           "spec_decode": 4, "quantization": 4, "backends": 4, "parallel": 4, "decoding": 4, "scheduling": 4,

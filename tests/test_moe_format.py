@@ -157,3 +157,15 @@ def test_shipped_model_loads_by_name_and_matches_its_card():
     card = json.load(open(os.path.join(MODELS_DIR, "card.json")))["models"]["shakespeare-moe"]
     x, y = held_out_windows(tok, 256, 4)
     assert evaluate(model, x, y) == pytest.approx(card["val_slice_loss_4_windows"], abs=1e-4)
+
+
+def test_nan_experts_are_refused_when_read(files, tmp_path):
+    """N6's finite check for MoE files too: a NaN in one expert would make every token routed there NaN."""
+    from safetensors.torch import load_file, save_file
+    d, model, _ = files
+    path = _copy(d, tmp_path)
+    tensors = load_file(path)
+    tensors["layers.1.feed_forward.w2"][3, 0, 0] = float("nan")
+    save_file(tensors, path, metadata=read_metadata(d / "moe.safetensors"))
+    with pytest.raises(ValueError, match=r"tensor layers.1.feed_forward.w2 holds NaN or infinite values"):
+        load_moe(path)

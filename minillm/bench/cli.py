@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..atomic import open_replacing
 from . import cluster, decode, gptq, guided, longctx, lora, moe, parallel, peers, sparsity, spec, stepcost
 from .serve import bench_serve
 
@@ -18,7 +19,7 @@ from .serve import bench_serve
 def _write_json(res: dict, path) -> int:
     """--json: the bench's whole result, as printed, for plots and CI. -> the exit code 0."""
     if path:
-        with open(path, "w") as f:
+        with open_replacing(path, "w") as f:
             json.dump(res, f, indent=2)
     return 0
 

@@ -34,8 +34,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from ..atomic import write_replacing, write_text_replacing
 from ..llama.tokenizer import _NO_MERGE_AT_OR_BELOW, BOS, EOS, UNK, Tokenizer
-from .atomic import write_replacing, write_text_replacing
 from .chat_template import CHAT_TEMPLATE
 from .hf import HFTokenizer, _layer_names, _to_pairs
 

@@ -19,6 +19,7 @@ import struct
 import numpy as np
 import torch
 
+from ..atomic import open_replacing
 from ..config import ModelConfig
 from ..llama.transformer import Transformer
 
@@ -156,7 +157,7 @@ def save_bin(model: Transformer, path):
                          f"rope_theta={cfg.rope_theta}, norm_eps={cfg.norm_eps}, which run.c would silently ignore")
     state = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in model.state_dict().items()}
     vocab = cfg.vocab_size if cfg.shared_classifier else -cfg.vocab_size
-    with open(path, "wb") as f:
+    with open_replacing(path) as f:
         f.write(HEADER.pack(cfg.dim, cfg.hidden_dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, vocab, cfg.max_seq_len))
         for names, shape in _layout(cfg):
             if names == "#freq_cis_real":  # legacy RoPE tables: run.c skips them, but they must be there

@@ -13,11 +13,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import struct
 
 import torch
 
+from ..atomic import write_replacing
 from ..config import ModelConfig
 from ..llama.transformer import Transformer
 from ..moe.experts import MoEConfig, attach_moe, moe_config, moe_layers
@@ -59,7 +61,7 @@ def save_moe(model: Transformer, path, base_path):
     meta = {"format": FORMAT, "version": VERSION, "moe": json.dumps(moe.to_dict()),
             "base": os.path.basename(os.fspath(base_path)), "base_sha256": sha256(os.fspath(base_path)),
             "base_config": json.dumps(model.config.to_dict())}
-    save_file(tensors, os.fspath(path), metadata=meta)
+    write_replacing(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
 def read_metadata(path) -> dict | None:
@@ -130,6 +132,9 @@ def load_moe(path, base_path=None) -> Transformer:
             raise ValueError(f"{path}: tensor {name} should be {shape} float16, found {got}")
     if set(tensors) - set(want):
         raise ValueError(f"{path}: unexpected tensors {sorted(set(tensors) - set(want))[:4]}")
+    for name in want:                      # one float32 sum per tensor: a NaN or an inf makes it non-finite
+        if not math.isfinite(float(tensors[name].sum(dtype=torch.float32))):
+            raise ValueError(f"{path}: tensor {name} holds NaN or infinite values: refused (a corrupt file)")
     attach_moe(model, moe)
     with torch.no_grad():
         for layer_id, layer in enumerate(moe_layers(model)):

@@ -26,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from ..atomic import open_replacing, write_replacing
 from ..config import ModelConfig
 from ..lora.adapters import MODULES, LoRAAdapter, check_adapter
 from ..paths import MODELS_DIR
@@ -150,14 +151,14 @@ def save_adapter(adapter: LoRAAdapter, path, model_config: ModelConfig, dtype: t
         prefix = f"base_model.model.model.layers.{layer}.{theirs}"
         tensors[f"{prefix}.lora_A.weight"] = a.detach().to(dtype).contiguous()
         tensors[f"{prefix}.lora_B.weight"] = _rows(b.detach(), module, model_config, pairs_to_hf).to(dtype).contiguous()
-    save_file(tensors, os.path.join(path, WEIGHTS), metadata={"format": "pt"})
+    write_replacing(os.path.join(path, WEIGHTS), lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model or adapter.base_model,
            "r": adapter.rank, "lora_alpha": adapter.alpha, "lora_dropout": 0.0, "use_rslora": adapter.use_rslora,
            "target_modules": [HF_NAME[m] for m in adapter.target_modules], "bias": "none", "fan_in_fan_out": False,
            "inference_mode": True, "init_lora_weights": True, "modules_to_save": None, "use_dora": False,
            "rank_pattern": {}, "alpha_pattern": {}, "layers_to_transform": None, "layers_pattern": None,
            "revision": None}
-    with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
+    with open_replacing(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")
     return [os.path.join(path, CONFIG), os.path.join(path, WEIGHTS)]

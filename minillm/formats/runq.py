@@ -18,6 +18,7 @@ import struct
 import numpy as np
 import torch
 
+from ..atomic import open_replacing
 from ..config import ModelConfig
 from ..llama.linears import Q80Linear, q80_group_size, q80_quantize
 from ..llama.transformer import Transformer
@@ -54,7 +55,7 @@ def save_runq(model: Transformer, path, group_size: int | None = None) -> dict:
     def f32(t):
         return t.detach().float().contiguous().numpy().tobytes()
     errors = {}
-    with open(path, "wb") as f:
+    with open_replacing(path) as f:
         f.write(head + b"\0" * (HEADER_BYTES - len(head)))
         for norm in ("attention_norm", "ffn_norm"):
             f.write(b"".join(f32(getattr(layer, norm).weight) for layer in model.layers))

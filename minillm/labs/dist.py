@@ -16,7 +16,7 @@ import re
 import sys
 import zipfile
 
-from ..formats.atomic import write_replacing
+from ..atomic import write_replacing
 from .student import read_notebook, student_notebook
 
 ANSWER = re.compile(r"\s*<details><summary>Answer</summary>.*?</details>", re.S)

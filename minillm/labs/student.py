@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from ..formats.atomic import write_text_replacing
+from ..atomic import write_text_replacing
 
 STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 _BLOCK = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)", re.S | re.M)

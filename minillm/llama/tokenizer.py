@@ -20,6 +20,8 @@ import struct
 
 import numpy as np
 
+from ..atomic import open_replacing
+
 BOS, EOS, UNK = 1, 2, 0
 N_RESERVED = 259  # <unk>, BOS, EOS and 256 byte tokens
 _BYTE_PIECE = re.compile(rb"^<0x([0-9A-Fa-f]{1,2})")  # what run.c's sscanf("<0x%02hhX>") accepts
@@ -87,7 +89,7 @@ class Tokenizer:
         return cls(pieces, scores, max_len)
 
     def save(self, path):
-        with open(path, "wb") as f:
+        with open_replacing(path) as f:
             f.write(struct.pack("<I", self.max_token_length))
             for p, s in zip(self.pieces, self.scores.tolist()):
                 f.write(struct.pack("<fi", s, len(p)))

@@ -28,6 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..atomic import open_replacing
+
 
 # ---------------------------------------------------------------------------- the heads
 class MedusaHeads(nn.Module):
@@ -85,7 +87,7 @@ def save_medusa(heads: MedusaHeads, path, target):
     if (heads.dim, heads.vocab_size) != (cfg.dim, cfg.vocab_size):
         raise ValueError(f"heads of dim={heads.dim}, vocab_size={heads.vocab_size} do not fit the target "
                          f"(dim={cfg.dim}, vocab_size={cfg.vocab_size})")
-    with open(path, "wb") as f:
+    with open_replacing(path) as f:
         f.write(HEADER.pack(MAGIC, VERSION, heads.num_heads, heads.dim, heads.vocab_size))
         f.write(FINGERPRINT.pack(*(getattr(cfg, n) for n in SHAPE_FIELDS), classifier_checksum(target)))
         for p in (heads.weight, heads.bias):

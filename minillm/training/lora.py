@@ -42,6 +42,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..atomic import copy_replacing, open_replacing
 from ..formats.llama2c import load_bin
 from ..formats.peft import HF_NAME, LORA_DIR, load_adapter, save_adapter
 from ..lora.adapters import MODULES, LoRAAdapter, attach_lora, lora_linears
@@ -97,7 +98,9 @@ def genre_tokens(genre: str, tokenizer, cache: Optional[str] = None) -> tuple[np
                   for texts in genre_texts(genre))
     if paths:
         os.makedirs(cache, exist_ok=True)
-        np.save(paths[0], train), np.save(paths[1], val)
+        for path, ids in zip(paths, (train, val)):
+            with open_replacing(path) as f:
+                np.save(f, ids)
     return train, val
 
 
@@ -183,7 +186,7 @@ def train_lora(base_path: str, genre: str, out_dir: str, tc: TrainConfig, rank: 
                 stop = "time_limit"
                 break
     bar.close()
-    with open(log_path, "w") as f:
+    with open_replacing(log_path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     adapter = adapter_of(model, genre, rank, alpha)
     save_adapter(adapter, os.path.join(out_dir, "adapter"), base.config, dtype=torch.float16,
@@ -196,7 +199,7 @@ def train_lora(base_path: str, genre: str, out_dir: str, tc: TrainConfig, rank: 
                "train_config": {k: getattr(tc, k) for k in ("batch_size", "seq_len", "lr", "min_lr", "warmup_steps",
                                                             "max_steps", "dropout", "weight_decay", "grad_clip",
                                                             "seed")}}
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+    with open_replacing(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
 
@@ -246,9 +249,10 @@ def ship(run_dirs: list, dest: str = LORA_DIR, card_dir: Optional[str] = None, l
     tempered = {g: tempered_loss(base, works[g], tok) for g in SLICES}
     os.makedirs(dest, exist_ok=True)
     for (g, a), d in zip(adapters.items(), run_dirs):
-        shutil.copytree(os.path.join(d, "adapter"), os.path.join(dest, g), dirs_exist_ok=True)
+        shutil.copytree(os.path.join(d, "adapter"), os.path.join(dest, g), dirs_exist_ok=True,
+                        copy_function=copy_replacing)
     for g, text in slices.items():
-        with open(os.path.join(dest, f"val_{g}.txt"), "w", encoding="utf-8") as f:
+        with open_replacing(os.path.join(dest, f"val_{g}.txt"), "w", encoding="utf-8") as f:
             f.write(text)
     entry = {"adapters": {s["slice"]: dict(s, file_bytes=os.path.getsize(os.path.join(dest, s["slice"],
                                                                                       "adapter_model.safetensors")),
@@ -269,7 +273,7 @@ def write_card_entry(entry: dict, card_dir: str):
     path = os.path.join(card_dir, "card.json")
     card = json.load(open(path))
     card["lora"] = entry
-    with open(path, "w") as f:
+    with open_replacing(path, "w") as f:
         json.dump(card, f, indent=2)
         f.write("\n")
     md = os.path.join(card_dir, "MODEL_CARD.md")
@@ -277,7 +281,7 @@ def write_card_entry(entry: dict, card_dir: str):
     begin, end = "<!-- lora: written by minillm.training.lora -->", "<!-- /lora -->"
     if begin in text:
         text = text[:text.index(begin)] + text[text.index(end) + len(end) + 1:]
-    with open(md, "w") as f:
+    with open_replacing(md, "w") as f:
         f.write(text.rstrip("\n") + "\n\n" + begin + "\n" + section + end + "\n")
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..atomic import open_replacing
 from ..spec_decode.medusa_heads import MedusaHeads, save_medusa
 from ..threads import use_threads
 
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
            "val_top1_accuracy": [round(v, 4) for v in acc],
            "val_top1_accuracy_untrained": [round(v, 4) for v in base],
            "bytes": os.path.getsize(a.out)}
-    with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
+    with open_replacing(os.path.splitext(a.out)[0] + ".json", "w") as f:
         f.write(json.dumps(rec) + "\n")
     print(json.dumps(rec))
     return 0

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..atomic import open_appending, open_replacing
 from ..config import ModelConfig
 from ..formats.llama2c import load_bin, save_bin
 from ..formats.moe import save_moe
@@ -159,7 +160,7 @@ def finetune(model, params, train_ids, val_ids, tc: TrainConfig, aux_coef: float
             rows.append({"step": step, "tokens": tokens, "train_loss": round(ce.item(), 4),
                          "aux_loss": round(aux.item(), 4), "val_loss": round(val, 4), "lr": lr_at(step - 1, tc),
                          "seconds": round(time.perf_counter() - t0, 1)})
-            with open(log_path, "a") as f:
+            with open_appending(log_path) as f:
                 f.write(json.dumps(rows[-1]) + "\n")
             log(f"step {step}: train {ce.item():.4f} aux {aux.item():.3f} val {val:.4f}")
             if val < best - 1e-4:
@@ -182,7 +183,7 @@ def finetune(model, params, train_ids, val_ids, tc: TrainConfig, aux_coef: float
                "trainable_params": sum(p.numel() for p in params), "train_config": asdict(tc), "log": rows}
     if is_moe:
         summary["val_imbalance"] = val_imbalance(model, vx)
-    with open(os.path.join(tc.out_dir, "summary.json"), "w") as f:
+    with open_replacing(os.path.join(tc.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
 
@@ -287,7 +288,7 @@ def main(argv: list[str]) -> int:
     recipe = dict(MOE_PRESETS[a.preset], **{k: v for k, v in (("partition", a.partition),
                                                                 ("router_init", a.router_init)) if v})
     summary.update(preset=a.preset, recipe=recipe, init_from=a.init_from, argv=argv)
-    with open(os.path.join(a.out, "summary.json"), "w") as f:
+    with open_replacing(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("train_config", "log")}))
     return 0

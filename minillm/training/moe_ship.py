@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 
 import numpy as np
 
+from ..atomic import copy_replacing, open_replacing, write_text_replacing
 from ..formats.held_out import held_out_windows
 from ..formats.loader import load
 from ..formats.moe import load_moe
@@ -35,7 +35,7 @@ def ship(runs: dict, data_dir: str, dest: str, compare: dict | None = None, comm
     val split (256-token windows, as card.json's other models), and write shakespeare-moe.json (every run's
     summary and log), the card.json entry and MODEL_CARD.md's section. runs: label (RUN_LABELS) -> run folder."""
     shipped = os.path.join(dest, "shakespeare-moe.safetensors")
-    shutil.copy(os.path.join(runs["moe"], "model.safetensors"), shipped)
+    copy_replacing(os.path.join(runs["moe"], "model.safetensors"), shipped)
     model = load_moe(shipped)
     val_ids = np.load(os.path.join(data_dir, "val.npy"))
     x, y = eval_windows(val_ids, (len(val_ids) - 1) // 256, 256)
@@ -43,7 +43,7 @@ def ship(runs: dict, data_dir: str, dest: str, compare: dict | None = None, comm
     sx, sy = held_out_windows(tok, 256, 4)
     summaries = {label: _summary(d) for label, d in runs.items()}
     moe = summaries["moe"]
-    with open(os.path.join(dest, "shakespeare-moe.log.jsonl"), "w") as f:
+    with open_replacing(os.path.join(dest, "shakespeare-moe.log.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in moe["log"])
     entry = {**compute_vs_params(model.config, model.layers[0].feed_forward.cfg),
              "moe": model.layers[0].feed_forward.cfg.to_dict(), "base": "shakespeare.bin",
@@ -63,12 +63,12 @@ def ship(runs: dict, data_dir: str, dest: str, compare: dict | None = None, comm
         entry["init_by_partition"] = compare
         vx, vy = eval_windows(val_ids, compare["windows"], 256)               # compare_init's windows
         entry["routing_after_training"] = routing_diagnostics(model, vx, vy) | {"windows": compare["windows"]}
-    with open(os.path.join(dest, "shakespeare-moe.json"), "w") as f:
+    with open_replacing(os.path.join(dest, "shakespeare-moe.json"), "w") as f:
         json.dump({"runs": summaries, **{k: v for k, v in entry.items() if k != "runs"}}, f, indent=2)
     card_path = os.path.join(dest, "card.json")
     card = json.load(open(card_path))
     card["models"]["shakespeare-moe"] = entry
-    with open(card_path, "w") as f:
+    with open_replacing(card_path, "w") as f:
         json.dump(card, f, indent=2)
     write_card_section(os.path.join(dest, "MODEL_CARD.md"), entry, card["models"]["shakespeare"]["val_loss"])
     return entry
@@ -161,7 +161,7 @@ def write_card_section(path: str, entry: dict, dense_val: float):
         text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
-    open(path, "w").write(text)
+    write_text_replacing(path, text)
 
 
 def main(argv: list[str]) -> int:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 from typing import Optional
 
 import numpy as np
 import torch
 
+from ..atomic import copy_replacing, open_replacing, write_text_replacing
 from ..formats.llama2c import load_bin
 from ..formats.loader import MODELS_DIR
 from ..llama.tokenizer import Tokenizer
@@ -108,7 +108,7 @@ def write_card(card: dict, path: str):
     lines = [*_card_intro(), *_card_data(card["corpus"]), *_card_tokenizer(card), *_card_models(t, d, s),
              *_card_baselines(card, t), *_card_phases(t), *_card_acceptance(d, s), *_card_checks(card),
              *_card_reproduce(t, d, s)]
-    open(path, "w").write("\n".join(lines))
+    write_text_replacing(path, "\n".join(lines))
 
 
 def _card_intro() -> list[str]:
@@ -276,19 +276,19 @@ def main(argv: list[str]) -> int:
     card = measure(a.target, a.draft, a.draft_scratch, a.data, a.target_base)
     card["notes"] = a.note
     os.makedirs(a.dest, exist_ok=True)
-    shutil.copy(os.path.join(a.target, "model.bin"), os.path.join(a.dest, "shakespeare.bin"))
-    shutil.copy(os.path.join(a.data, "tokenizer.bin"), os.path.join(a.dest, "tokenizer.bin"))
+    copy_replacing(os.path.join(a.target, "model.bin"), os.path.join(a.dest, "shakespeare.bin"))
+    copy_replacing(os.path.join(a.data, "tokenizer.bin"), os.path.join(a.dest, "tokenizer.bin"))
     for src, name in [(a.draft, "shakespeare-draft"), (a.draft_scratch, "shakespeare-draft-scratch")]:
         if src:
-            shutil.copy(os.path.join(src, "model.bin"), os.path.join(a.dest, f"{name}.bin"))
+            copy_replacing(os.path.join(src, "model.bin"), os.path.join(a.dest, f"{name}.bin"))
     for key, name in [("shakespeare", "shakespeare"), ("shakespeare-draft", "shakespeare-draft"),
                       ("draft-scratch", "shakespeare-draft-scratch")]:
         if key in card["models"]:
-            with open(os.path.join(a.dest, f"{name}.log.jsonl"), "w") as f:
+            with open_replacing(os.path.join(a.dest, f"{name}.log.jsonl"), "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in card["models"][key].pop("_log"))
-    with open(os.path.join(a.dest, "val_slice.txt"), "w") as f:
+    with open_replacing(os.path.join(a.dest, "val_slice.txt"), "w") as f:
         f.write(card.pop("_val_slice_text"))
-    with open(os.path.join(a.dest, "card.json"), "w") as f:
+    with open_replacing(os.path.join(a.dest, "card.json"), "w") as f:
         json.dump(card, f, indent=2)
     write_card(card, os.path.join(a.dest, "MODEL_CARD.md"))
     print(open(os.path.join(a.dest, "MODEL_CARD.md")).read())

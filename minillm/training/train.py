@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..atomic import open_appending, open_replacing, write_replacing
 from ..config import ModelConfig
 from ..formats.held_out import evaluate  # noqa: F401  (the training loop's, and its old home)
 from ..formats.llama2c import load_bin, save_bin
@@ -217,18 +218,19 @@ def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
             val = evaluate(model, vx, vy)
             rec = {"step": step, "tokens": tokens_seen, "train_loss": round(loss.item(), 4), "val_loss": round(val, 4),
                    "lr": lr_at(step - 1, tc), "seconds": round(time.perf_counter() - t_start, 1)}
-            with open(log_path, "a") as f:
+            with open_appending(log_path) as f:
                 f.write(json.dumps(rec) + "\n")
             if val < best - 1e-4:
                 best, bad = val, 0
                 save_bin(model, os.path.join(tc.out_dir, "model.bin"))
             else:
                 bad += 1
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                        "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-                        "step": step, "best": best, "bad": bad,
-                        "seconds": time.perf_counter() - t_start, "tokens": tokens_seen,
-                        "model_config": model_cfg.to_dict(), "train_config": asdict(tc)}, state_path)
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                     "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                     "step": step, "best": best, "bad": bad,
+                     "seconds": time.perf_counter() - t_start, "tokens": tokens_seen,
+                     "model_config": model_cfg.to_dict(), "train_config": asdict(tc)}
+            write_replacing(state_path, lambda tmp: torch.save(state, tmp))
             log(f"step {step}: train {loss.item():.4f} val {val:.4f} (best {best:.4f}, {bad} without improvement)")
             if bad >= tc.patience:
                 stop_reason = "early_stopping"
@@ -240,7 +242,7 @@ def train(model_cfg: ModelConfig, train_tokens: np.ndarray, val_tokens: np.ndarr
     summary = {"stop_reason": stop_reason, "steps": step, "tokens": tokens_seen, "best_val_loss": best,
                "seconds": round(time.perf_counter() - t_start, 1), "params": model_cfg.num_params(),
                "model_config": model_cfg.to_dict(), "train_config": asdict(tc)}
-    with open(os.path.join(tc.out_dir, "summary.json"), "w") as f:
+    with open_replacing(os.path.join(tc.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
 
@@ -285,8 +287,10 @@ def prepare_data(data_dir: str, vocab_size: int, tokenizer_path: Optional[str] =
         tok.save(tok_path)
         log(f"trained a {tok.vocab_size}-token BPE on {len(corpus.train)} works in {time.perf_counter() - t0:.1f} s")
     train_ids, val_ids = encode_works(corpus.train, tok), encode_works(corpus.val, tok)
-    np.save(tr_path, train_ids), np.save(va_path, val_ids)
-    with open(os.path.join(data_dir, "corpus.json"), "w") as f:
+    for path, ids in ((tr_path, train_ids), (va_path, val_ids)):
+        with open_replacing(path) as f:
+            np.save(f, ids)
+    with open_replacing(os.path.join(data_dir, "corpus.json"), "w") as f:
         json.dump({"train_works": [w.name for w in corpus.train], "val_works": [w.name for w in corpus.val],
                    "dropped_editions": corpus.dropped, "train_chars": sum(len(w.text) for w in corpus.train),
                    "val_chars": sum(len(w.text) for w in corpus.val), "train_tokens": int(len(train_ids)),
