@@ -104,6 +104,7 @@ def serve_main(argv: list[str]) -> int:
 
     from .config import EngineConfig
     from .engine.llm import LLM
+    from .serve.body_limit import MAX_BODY_BYTES
     from .serve.server import bind, serve
 
     ap = argparse.ArgumentParser(prog="python -m minillm serve")
@@ -118,6 +119,9 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
                     help="LoRA adapters served as models (a PEFT directory, or a shipped adapter's name alone); "
                          "turns on --enable-lora")
+    ap.add_argument("--max-logprobs", type=int, default=20, help="the most top-k logprobs a request may ask per "
+                    "token (vLLM's --max-logprobs)")
+    ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="a larger request body is a 413")
     engine_flags(ap.add_argument_group("engine (EngineConfig)"))
     a = ap.parse_args(argv)
     modules = dict(m.split("=", 1) if "=" in m else (m, m) for m in a.lora_modules)
@@ -128,7 +132,8 @@ def serve_main(argv: list[str]) -> int:
     sock = bind(a.host, a.port)                    # a port in use fails now, before the model loads
     options = {f.name: getattr(a, f.name) for f in fields(EngineConfig) if f.name != "tokenizer"}
     llm = LLM(a.model, tokenizer=a.tokenizer, **options)
-    serve(llm.engine, a.served_model_name or a.model, a.host, a.port, sock=sock, lora_modules=modules)
+    serve(llm.engine, a.served_model_name or a.model, a.host, a.port, sock=sock, lora_modules=modules,
+          max_logprobs=a.max_logprobs, max_body_bytes=a.max_body_bytes)
     return 0
 
 

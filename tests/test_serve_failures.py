@@ -175,8 +175,9 @@ def test_huge_requests_are_refused_before_anything_is_built(server, body, param,
 def test_a_body_above_the_limit_is_413_unread(server):
     r = httpx.post(server.url + "/completions", content=b"x" * (5 * 2**20),
                    headers={"content-type": "application/json"}, timeout=30)
-    message = r.json()["error"]["message"]
-    assert r.status_code == 413 and "5242880 bytes, above this server's limit of 4194304" in message
+    error = r.json()["error"]
+    assert r.status_code == 413 and "5242880 bytes, above this server's limit of 4194304" in error["message"]
+    assert error["type"] == "invalid_request_error"                   # the client's to fix (OpenAI's 4xx type)
 
 
 def test_a_chunked_body_is_cut_off_at_the_limit(server):

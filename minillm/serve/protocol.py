@@ -151,7 +151,7 @@ class ServeError(Exception):
 
 
 def error_body(message: str, status: int = 400, param: Optional[str] = None) -> dict:
-    kind = {400: "invalid_request_error", 404: "invalid_request_error"}.get(status, "server_error")
+    kind = "invalid_request_error" if 400 <= status < 500 else "server_error"     # OpenAI: the client's fault or not
     code = "model_not_found" if status == 404 and param == "model" else None
     if param is None:                           # SamplingParams names its field: "SamplingParams.top_p must be"
         m = re.search(r"SamplingParams\.(\w+)", message) or re.match(r"(?:prompt \d+: )?(guided_\w+)", message)
