@@ -12,7 +12,7 @@ import warnings
 MOVED = {
     "minillm.sysinfo": "minillm.bench.sysinfo", "minillm.model": "minillm.llama.transformer",
     "minillm.attention": "minillm.llama.attention", "minillm.kv_cache": "minillm.llama.kv_cache",
-    "minillm.tokenizer": "minillm.llama.tokenizer", "minillm.bpe": "minillm.llama.bpe",
+    "minillm.tokenizer": "minillm.llama.tokenizer", "minillm.bpe": "minillm.formats.bpe",
     "minillm.checkpoint": "minillm.formats.llama2c", "minillm.runq": "minillm.formats.runq",
     "minillm.hf": "minillm.formats.hf", "minillm.loader": "minillm.formats.loader",
     "minillm.sequence": "minillm.core.sequence", "minillm.block_manager": "minillm.core.block_manager",
@@ -31,6 +31,7 @@ MOVED = {
     "minillm.core.beam": "minillm.decoding.beam", "minillm.core.radix": "minillm.scheduling.radix",
     "minillm.core.orders": "minillm.scheduling.orders", "minillm.core.kv_eviction": "minillm.kv_eviction.policies",
     "minillm.llama.lora": "minillm.lora.adapters", "minillm.llama.moe": "minillm.moe.experts",
+    "minillm.llama.bpe": "minillm.formats.bpe",     # training a vocabulary: a tokenizer file's maker, not the model
     "minillm.bench.workload": "minillm.workload",   # a lower layer that bench, cluster and labs share
 }
 SPLIT = {

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minillm.formats.bpe import train_bpe
 from minillm.formats.loader import SAMPLE_TEXT, sample_tokenizer
-from minillm.llama.bpe import train_bpe
 from minillm.llama.tokenizer import BOS, EOS, N_RESERVED, Tokenizer, reserved_pieces
 
 FUZZ = settings(deadline=None, derandomize=True, max_examples=300)
@@ -357,7 +357,7 @@ def test_train_bpe_deterministic():
     a, b = train_bpe(SAMPLE, 1024), train_bpe(SAMPLE, 1024)
     assert a.pieces == b.pieces and np.array_equal(a.scores, b.scores)
     # and across processes with a different string-hash seed
-    code = ("import hashlib, sys; from minillm.llama.bpe import train_bpe; "
+    code = ("import hashlib, sys; from minillm.formats.bpe import train_bpe; "
             "from minillm.formats.loader import SAMPLE_TEXT; "
             "t = train_bpe(open(SAMPLE_TEXT, encoding='utf-8').read(), 1024); "
             "sys.stdout.write(hashlib.sha256(b'|'.join(t.pieces) + t.scores.tobytes()).hexdigest())")

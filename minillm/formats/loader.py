@@ -18,10 +18,10 @@ import os
 import torch
 
 from ..config import DTYPES, PRESETS, ModelConfig
-from ..llama.bpe import train_bpe
 from ..llama.tokenizer import Tokenizer
 from ..llama.transformer import Transformer
 from ..paths import MODELS_DIR, PACKAGE_DIR, SAMPLE_TEXT  # noqa: F401 - re-exported: `from .loader import MODELS_DIR`
+from .bpe import train_bpe
 from .hf import HFTokenizer, is_hf_dir, load_hf
 from .llama2c import load_bin
 from .moe import is_moe_file, load_moe

@@ -141,7 +141,7 @@ def _card_tokenizer(card: dict) -> list[str]:
         "## Tokenizer",
         f"BPE with {card['vocab_size']} tokens (259 reserved: <unk>, BOS, EOS, 256 byte fallbacks), trained on "
         "the train",
-        f"split by `minillm.llama.bpe.train_bpe`; {c['train_chars'] / c['train_tokens']:.2f} characters per token "
+        f"split by `minillm.formats.bpe.train_bpe`; {c['train_chars'] / c['train_tokens']:.2f} characters per token "
         "on the train split.",
         f"Why {card['vocab_size']}: the embedding (tied with the classifier) costs vocab x 256 parameters, 14% of the",
         "target at 4096; halving the vocabulary would make sequences longer (fewer characters per token) and",

@@ -264,7 +264,7 @@ def load_teacher(path: str) -> Transformer:
 def prepare_data(data_dir: str, vocab_size: int, tokenizer_path: Optional[str] = None, log=print):
     """Corpus -> BPE tokenizer (trained on the train split unless given) -> token streams, cached in data_dir.
     -> (Tokenizer, train_ids (N,) uint16, val_ids (M,) uint16)"""
-    from ..llama.bpe import train_bpe
+    from ..formats.bpe import train_bpe
     from ..llama.tokenizer import Tokenizer
     from .data import build_corpus, encode_works
     os.makedirs(data_dir, exist_ok=True)

@@ -15,7 +15,7 @@ import heapq
 import re
 from collections import Counter, defaultdict
 
-from .tokenizer import N_RESERVED, Tokenizer, reserved_pieces
+from ..llama.tokenizer import N_RESERVED, Tokenizer, reserved_pieces
 
 # pre-split (for training only): " word" (letters), one digit, a run of punctuation, one whitespace
 # character. Merges then never glue punctuation to words, so "sword," is "sword" + "," and a small
