@@ -4,10 +4,11 @@ viz draws the plain data that minillm records or measures (Trace steps, minillm.
 tensors); it never reaches into the engine's internals, and minillm never imports it.
 One concept per file: engine_path, trace, sampling, architecture, forward_breakdown, attention,
 rope, kv_cache, decode_timing, decoding, training, serving, scheduling, kernels, flash, quant, spec, medusa_tree,
-moe_lora, parallel, source (diagram and _figure are the shared drawing kit).
+moe_lora, parallel, capstone, source (diagram and _figure are the shared drawing kit).
 """
 from .architecture import draw_llama_block, llama_steps
 from .attention import plot_attention
+from .capstone import plot_capstone_trace, plot_waterfall
 from .decode_timing import plot_decode_timing, plot_prefill_vs_decode
 from .decoding import draw_beam_tree, draw_dfa, plot_mask_cost, plot_masks_per_step, plot_strategies
 from .engine_path import draw_engine_map, draw_engine_path
@@ -59,7 +60,8 @@ from .spec import (
 from .trace import plot_trace
 from .training import plot_expected_tokens, plot_training_curves
 
-__all__ = ["draw_engine_path", "draw_engine_map", "plot_trace", "plot_next_token_distribution", "sampling_explorer",
+__all__ = ["draw_engine_path", "draw_engine_map", "plot_capstone_trace", "plot_waterfall",
+           "plot_trace", "plot_next_token_distribution", "sampling_explorer",
            "draw_llama_block", "llama_steps", "plot_forward_breakdown", "plot_attention", "plot_rope",
            "draw_recompute_grid", "plot_kv_bytes", "plot_kv_bytes_vs_length", "draw_kv_pool",
            "plot_decode_timing", "plot_prefill_vs_decode", "plot_training_curves", "plot_expected_tokens",

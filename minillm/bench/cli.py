@@ -53,11 +53,29 @@ def add_serve_parser(sub):
     sv.add_argument("--simulated", action="store_true",
                     help="time by a per-step cost model calibrated here first, not the wall clock (busy machines)")
     sv.add_argument("--quick", action="store_true", help="12 requests, context 128: a smoke test")
+    sv.add_argument("--score", action="store_true", help="the capstone: one goodput score for --options / --policy "
+                    "on its fixed trace, KV budget, SLO and fixed cost model (bench/capstone.py)")
+    sv.add_argument("--options", type=json.loads, default=None, metavar="JSON",
+                    help='with --score: EngineConfig options over the plain engine, e.g. \'{"block_size": 16}\'')
+    sv.add_argument("--policy", default=None, metavar="FILE.py", help="with --score: a file defining order() or "
+                    "policy(config)")
+    sv.add_argument("--machine", choices=("reference", "measured"), default="reference",
+                    help="with --score: the shipped cost model (scores compare across laptops) or this machine's")
     sv.add_argument("--json", default=None)
     sv.set_defaults(run=run_serve)
 
 
 def run_serve(a) -> dict:
+    if a.score:
+        from ..formats.loader import load
+        from . import capstone
+        net, tok = load(a.model, a.tokenizer)
+        machine = capstone.REFERENCE if a.machine == "reference" else capstone.Machine.calibrate(net, tok)
+        res = capstone.report(net, tok, a.options, a.policy, machine)
+        capstone.print_report(res)
+        return res
+    if a.options or a.policy:
+        raise SystemExit("bench serve: --options and --policy go with --score")
     n, L = (12, 128) if a.quick else (a.requests, a.max_model_len)
     res = bench_serve(a.model, a.tokenizer, n, a.rate, a.kv_cache_bytes, L, a.max_num_seqs, a.prompt_median,
                       a.output_median, a.simulated)

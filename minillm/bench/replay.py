@@ -51,6 +51,8 @@ def replay(model, tokenizer, workload: list[Request], label: str = "", return_en
                                   **({"policy": policy} if policy is not None else {}))
     prioritised = getattr(engine.scheduler.order, "uses_priority", False)
     if step_cost is not None:
+        if hasattr(step_cost, "bind"):                  # a cost that prices this engine's bytes (bench/capstone.py)
+            step_cost.bind(engine)
         run = engine.runner.run
 
         def run_and_advance(batch, drafts):             # the model call takes the modelled time, not the wall's

@@ -23,6 +23,7 @@ from .nb12_parallelism import *  # noqa: F401,F403
 from .nb13_sparsity import *  # noqa: F401,F403
 from .nb14_long_context import *  # noqa: F401,F403
 from .nb15_moe_lora import *  # noqa: F401,F403
+from .nb16_capstone import *  # noqa: F401,F403
 
 globals().update(CHECKERS)          # every check_* by name: from minillm.labs import check_rope
 __all__ = ["CHECKERS", "ExerciseResult", "checker", *CHECKERS]
