@@ -10,8 +10,9 @@ def test_bench_guided_quick_json(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert len(res["validity"]) == 6 and all(r["valid"] == r["n"] == 4 for r in res["validity"].values())
     m = res["mask_cost"]
-    assert m["batch"] == 8 and m["plain_step_ms"] > 0 and all(m[k]["mask_share"] > 0 for k in ("regex", "json"))  # a share
-    # of the step is a timing: bench guided reports it (README), a unit test on a shared machine must not assert it
+    # a mask's share of the step is a timing: bench guided reports it (README); a unit test on a shared machine must
+    # not assert it (it read 784% once, beside another job)
+    assert m["batch"] == 8 and m["plain_step_ms"] > 0 and all(m[k]["mask_share"] > 0 for k in ("regex", "json"))
     greedy = res["jump_forward"]["greedy, 1 request"]
     on, off = greedy["on"], greedy["off"]
     assert on["forced"] > 0 and off["forced"] == 0 and on["valid"] and off["valid"]
