@@ -55,6 +55,8 @@ def test_the_zip_has_no_solutions_nor_answers_and_refuses_to_overwrite(package):
     notebooks = [n for n in z.namelist() if n.endswith(".ipynb")]
     assert len(notebooks) == len([n for n in os.listdir(os.path.join(ROOT, "notebooks")) if n.endswith(".ipynb")])
     assert {"README.md", os.path.basename(wheel)} <= set(z.namelist())
+    assert not [n for n in z.namelist() if "teachers" in n or "Instructor notes" in z.read(n).decode(errors="ignore")]
+    assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("teachers")]   # the instructor notes
     for n in notebooks:
         text = z.read(n).decode()
         assert "BEGIN SOLUTION" not in text and "<summary>Answer" not in text and "YOUR CODE HERE" in text, n
