@@ -5,6 +5,8 @@
 # make dist-student [FORCE=1]  dist/minillm-student.zip: student notebooks (no solutions, no answers), wheel, README
 # make test-dist  build the wheel and the student zip, install them in a fresh venv elsewhere, run notebook 00 there
 # make test-clients  install lm-evaluation-harness (the clients extra) and run it against the server
+# make test-browser  every notebook Run All in JupyterLab in headless Chromium: no error, every widget responds
+#                   (installs playwright from PyPI and, as root, Debian's chromium; screenshots in results/browser)
 # make test-slow  the long runs kept out of make test (the 10,000-schedule fuzzer: MINILLM_FUZZ_EXAMPLES)
 # make test-notebooks-busy  nbval on every notebook with two busy loops running beside it (a busy laptop)
 # make gpu-check  on a CUDA machine (its python, installs nothing): gpu tests, kernels vs torch, racecheck, decode
@@ -22,7 +24,7 @@ STAMP      := $(VENV)/.installed
 ROOT_FLAG  := $(if $(filter 0,$(shell id -u)),--allow-root,)
 NBVAL      := --nbval --nbval-current-env --nbval-cell-timeout=120 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: install lab test test-unit test-notebooks test-notebooks-busy test-slow test-clients test-dist dist-student lint student grade clean gpu-check
+.PHONY: install lab test test-unit test-notebooks test-notebooks-busy test-slow test-clients test-browser test-dist dist-student lint student grade clean gpu-check
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +52,15 @@ test-unit: install
 test-clients: install
 	$(BIN)/python -m pip install -q -e ".[clients]" 2>&1 | grep -v "is ignored" || true
 	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q -m clients tests
+
+# playwright drives the system's chromium: `playwright install` (a CDN download) is never run.
+test-browser: install
+	$(BIN)/python -m pip install -q -e ".[browser]" 2>&1 | grep -v "is ignored" || true
+	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && { apt-get install -y -q chromium >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } \
+		|| { echo "test-browser needs chromium: apt-get install chromium"; exit 1; }
+	MINILLM_PROGRESS=0 $(BIN)/python -m pytest -q -m browser -p no:cacheprovider tests
+	MINILLM_PROGRESS=0 $(BIN)/python tests/browser_notebooks.py --out results/browser
 
 dist-student: install
 	rm -rf build/wheel
