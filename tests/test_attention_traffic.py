@@ -1,7 +1,7 @@
 """Notebook 04's bytes-moved model (minillm.bench.attention_traffic) against cases worked by hand."""
 import pytest
 
-from minillm.bench.attention_traffic import attention_bytes_moved
+from minillm.bench.attention_traffic import attention_bytes_moved, attention_flops
 
 
 def test_naive_by_hand():
@@ -44,3 +44,23 @@ def test_bad_arguments():
         attention_bytes_moved(8, 1, 1, "fast")
     with pytest.raises(ValueError, match="q_tile"):
         attention_bytes_moved(8, 1, 1, "flash", q_tile=0)
+
+
+def test_flops_by_hand():
+    # naive computes every (query, key) pair, masked or not: 4 D flops each (2 D for q . k, 2 D for p v).
+    assert attention_flops(4, 1, 2, "naive") == 4 * 2 * 16
+    assert attention_flops(4, 3, 2, "naive") == 3 * attention_flops(4, 1, 2, "naive")
+    # flash, causal, one-row query tiles: exactly the T (T + 1) / 2 pairs on or below the diagonal.
+    assert attention_flops(4, 1, 2, "flash", q_tile=1) == 4 * 2 * 10
+    # tiles of 2 rows over T = 4: tile 0 scores 2 rows x keys 0-1, tile 1 2 rows x keys 0-3: 4 + 8 pairs.
+    assert attention_flops(4, 1, 2, "flash", q_tile=2) == 4 * 2 * 12
+    # one tile covering everything, or no causal skipping: naive's count.
+    assert attention_flops(4, 1, 2, "flash", q_tile=8) == attention_flops(4, 1, 2, "naive")
+    assert attention_flops(4, 1, 2, "flash", q_tile=2, causal=False) == attention_flops(4, 1, 2, "naive")
+    # at long T, causal flash does about half of naive's work
+    assert attention_flops(1 << 14, 1, 64, "flash") / attention_flops(1 << 14, 1, 64, "naive") == pytest.approx(
+        0.5, rel=0.01)
+    with pytest.raises(ValueError, match="method"):
+        attention_flops(8, 1, 1, "fast")
+    with pytest.raises(ValueError, match="q_tile"):
+        attention_flops(8, 1, 1, "flash", q_tile=0)

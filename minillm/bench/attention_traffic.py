@@ -20,6 +20,12 @@ flash (FlashAttention-2's loop order, and this package's kernels): a tile of `q_
 from __future__ import annotations
 
 
+def _check_sizes(**sizes):
+    for name, val in sizes.items():
+        if val < 1:
+            raise ValueError(f"{name} must be >= 1, got {val}")
+
+
 def attention_bytes_moved(T: int, H: int, D: int, method: str, q_tile: int = 128, causal: bool = True,
                           itemsize: int = 2) -> dict:
     """HBM bytes of one causal (or, causal=False, full) attention call over T tokens, H heads of dim D, one
@@ -27,9 +33,7 @@ def attention_bytes_moved(T: int, H: int, D: int, method: str, q_tile: int = 128
     -> {"inputs": Q, K and V read once, "output": O written once, "quadratic": what grows with T^2 (naive: S
     and P each written and read back; flash: K and V read again by every query tile after the first),
     "total": their sum}, in bytes."""
-    for name, val in (("T", T), ("H", H), ("D", D), ("q_tile", q_tile), ("itemsize", itemsize)):
-        if val < 1:
-            raise ValueError(f"{name} must be >= 1, got {val}")
+    _check_sizes(T=T, H=H, D=D, q_tile=q_tile, itemsize=itemsize)
     if method == "naive":
         quadratic = 4 * T * T                                        # S written, S read, P written, P read
     elif method == "flash":
@@ -39,3 +43,17 @@ def attention_bytes_moved(T: int, H: int, D: int, method: str, q_tile: int = 128
         raise ValueError(f"method must be 'naive' or 'flash', got {method!r}")
     parts = {"inputs": 3 * T * D, "output": T * D, "quadratic": quadratic}
     return {k: itemsize * H * v for k, v in parts.items()} | {"total": itemsize * H * sum(parts.values())}
+
+
+def attention_flops(T: int, H: int, D: int, method: str, q_tile: int = 128, causal: bool = True) -> int:
+    """Multiply-add flops of the same call: 2 D for a score (q . k) and 2 D for its share of P V, per (query, key)
+    pair computed. Naive computes every pair, masked or not (T^2); flash, causal, skips the key tiles wholly
+    above the diagonal (each query tile reads keys up to its last row): about half at long T."""
+    _check_sizes(T=T, H=H, D=D, q_tile=q_tile)
+    if method == "naive":
+        pairs = T * T
+    elif method == "flash":
+        pairs = sum(min(q_tile, T - q0) * (min(T, q0 + q_tile) if causal else T) for q0 in range(0, T, q_tile))
+    else:
+        raise ValueError(f"method must be 'naive' or 'flash', got {method!r}")
+    return 4 * D * H * pairs
