@@ -2,6 +2,7 @@
 # make test     create .venv, install, run pytest and nbval on every notebook
 # make student  write student/: the notebooks with exercise solutions removed
 # make grade DIR=student  run every exercise checker on a folder of notebooks and print a score sheet
+#               make grade DIR="class/*" CSV=1: one CSV row per student folder (a learning-management system's import)
 # make dist-student [FORCE=1]  dist/minillm-student.zip: student notebooks (no solutions, no answers), wheel, README
 # make test-dist  build the wheel and the student zip, install them in a fresh venv elsewhere, run notebook 00 there
 # make test-clients  install lm-evaluation-harness (the clients extra) and run it against the server
@@ -94,7 +95,7 @@ student: install
 
 DIR ?= student
 grade: install
-	MINILLM_PROGRESS=0 $(BIN)/python -m minillm grade $(DIR)
+	MINILLM_PROGRESS=0 $(BIN)/python -m minillm grade $(DIR) $(if $(CSV),--csv,)
 
 clean:
 	rm -rf $(VENV) student build *.egg-info
