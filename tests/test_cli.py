@@ -107,10 +107,13 @@ def test_bench_spec_quick_json(tmp_path):
     res = json.load(open(out))
     assert {(r["proposer"], r["temperature"]) for r in res["rows"]} == {("draft", 0.0), ("ngram", 0.0), ("medusa", 0.0),
                                                                         ("draft", 1.0), ("ngram", 1.0)}
+    assert res["repeats"] == 3
     for r in res["rows"]:
         assert 0 <= r["alpha"] <= 1 and r["c"] >= 0 and r["r"] > 0 and r["measured"] > 0 and r["predicted_k"] > 0
         assert r["same_as_plain"] or r["temperature"] > 0          # greedy speculation never changes the text
+        assert r["rounds"] == 3 and r["measured_min"] <= r["measured"] <= r["measured_max"]   # median of 3, spread
     assert [s["batch"] for s in res["batch_sweep"]] == [1, 4] and isinstance(res["goals"]["best_at_least_2x"], bool)
+    assert all(s["speedup_min"] <= s["speedup"] <= s["speedup_max"] for s in res["batch_sweep"])
 
 
 def test_bench_batched_quick_with_a_stand_in_runc(tmp_path):

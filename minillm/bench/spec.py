@@ -28,6 +28,7 @@ import torch
 
 from ..formats.loader import MODELS_DIR, load
 from ..spec_decode.config import expected_tokens, predicted_speedup
+from .timing import interleaved
 
 # (label, speculative dict or None, temperatures it runs at)
 CONFIGS = [
@@ -49,14 +50,20 @@ def held_out_prompts(tok, n: int, length: int = 64) -> list[list[int]]:
     return [[1] + ids[i * stride:i * stride + length - 1] for i in range(n)]
 
 
-def run_once(model, tok, prompts, temperature: float, max_tokens: int, spec=None, batch: int = 1) -> dict:
-    """One LLM, a warm-up request (compiles, fills caches), then every prompt; -> times and counters."""
+def start_engine(model, tok, prompt: list, temperature: float, spec=None, batch: int = 1):
+    """One LLM and a warm-up request on `prompt` (compiles, fills caches), so no timed run pays for them."""
     from ..core.sampling import SamplingParams
     from ..engine.llm import LLM
     llm = LLM(model, tokenizer=tok, max_num_seqs=batch, speculative=spec)
+    llm.generate([prompt], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=99))
+    return llm
+
+
+def timed_run(llm, prompts, temperature: float, max_tokens: int) -> dict:
+    """Every prompt through a warmed engine (a seed per request): -> times and counters from its trace."""
+    from ..core.sampling import SamplingParams
     params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=i)
               for i in range(len(prompts))]
-    llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=99))
     eng = llm.engine
     eng.trace.steps.clear()
     for k in eng.spec_stats:
@@ -69,6 +76,35 @@ def run_once(model, tok, prompts, temperature: float, max_tokens: int, spec=None
             "step_mean": statistics.mean(s.seconds for s in dec),
             "tokens": sum(len(o.outputs[0].token_ids) for o in outs), "outputs": [o.outputs[0].token_ids for o in outs],
             "steps": dec, "stats": dict(eng.spec_stats)}
+
+
+def run_once(model, tok, prompts, temperature: float, max_tokens: int, spec=None, batch: int = 1) -> dict:
+    """One LLM, warmed up, then every prompt once."""
+    return timed_run(start_engine(model, tok, prompts[0], temperature, spec, batch), prompts, temperature, max_tokens)
+
+
+def interleaved_runs(engines: dict, prompts, temperature: float, max_tokens: int, repeats: int) -> dict:
+    """Rounds of every (warmed) engine serving the same prompts, the order rotating from round to round, so drift
+    on a busy machine lands on all alike: -> {key: [one timed_run per round]}."""
+    runs = {k: [] for k in engines}
+
+    def one(k):
+        def go():
+            runs[k].append(timed_run(engines[k], prompts, temperature, max_tokens))
+            return runs[k][-1]["decode_seconds"]
+        return go
+    interleaved({k: one(k) for k in engines}, repeats=repeats, warmup=0)
+    return runs
+
+
+def _median_row(rounds: list) -> dict:
+    """Rows of one configuration, one per round (each against that round's plain run): the median of every number,
+    with the measured speedup's min and max beside it."""
+    row = {k: (statistics.median(r[k] for r in rounds) if isinstance(v, float) else v) for k, v in rounds[0].items()}
+    row["measured_min"], row["measured_max"] = (f(r["measured"] for r in rounds) for f in (min, max))
+    row["same_as_plain"] = all(r["same_as_plain"] for r in rounds)
+    row["rounds"] = len(rounds)
+    return row
 
 
 def analyse(label: str, gamma: int, run: dict, plain: dict) -> dict:
@@ -99,43 +135,61 @@ def batch_of(run: dict) -> int:
 
 
 def bench_spec(model: str = "shakespeare", tokenizer=None, prompts: int = 32, max_tokens: int = 128,
-               temperatures=(0.0, 1.0), configs=None, batches=(1, 4, 16), log=print) -> dict:
+               temperatures=(0.0, 1.0), configs=None, batches=(1, 4, 16), repeats: int = 3, log=print) -> dict:
+    """Per temperature: the plain engine and one engine per (proposer, gamma), each warmed up, then `repeats`
+    rounds in which every engine serves the same prompts, the order rotating. A row's numbers are medians over the
+    rounds, each round's speedup taken against the plain run of the same round (measured_min, measured_max: the
+    spread). The best row by median is then swept over batch sizes the same way."""
     net, tok = load(model, tokenizer)
     ps = held_out_prompts(tok, prompts)
+    configs = configs or CONFIGS
     rows, plains = [], {}
     for T in temperatures:
-        plain = plains[T] = run_once(net, tok, ps, T, max_tokens)
-        log(f"T={T:g}: plain decode step {plain['step_mean'] * 1e3:.2f} ms, "
-            f"{plain['tokens'] / plain['wall']:.0f} tok/s")
-        for label, spec, gammas in configs or CONFIGS:
-            if spec["method"] == "medusa" and T > 0:
-                continue                                             # Medusa is built greedy-only
-            for g in gammas:
-                row = analyse(label, g, run_once(net, tok, ps, T, max_tokens, {**spec, "gamma": g}), plain)
-                row["temperature"] = T
-                rows.append(row)
-                log(f"  {label:<14} gamma {g}: alpha {row['alpha']:.3f}  c {row['c']:.3f}  r {row['r']:.2f}  "
-                    f"predicted {row['predicted_k']:.2f}x  measured {row['measured']:.2f}x")
+        keys = [(label, g) for label, spec, gammas in configs for g in gammas
+                if not (spec["method"] == "medusa" and T > 0)]                # Medusa is built greedy-only
+        specs = {(label, g): {**spec, "gamma": g} for label, spec, gammas in configs for g in gammas}
+        engines = {"plain": start_engine(net, tok, ps[0], T)}
+        engines.update({k: start_engine(net, tok, ps[0], T, specs[k]) for k in keys})
+        runs = interleaved_runs(engines, ps, T, max_tokens, repeats)
+        plains[T] = runs["plain"]
+        log(f"T={T:g}: plain decode step {statistics.median(p['step_mean'] for p in runs['plain']) * 1e3:.2f} ms")
+        for label, g in keys:
+            row = _median_row([analyse(label, g, run, plain) for run, plain in zip(runs[(label, g)], runs["plain"])])
+            row["temperature"] = T
+            rows.append(row)
+            log(f"  {label:<14} gamma {g}: alpha {row['alpha']:.3f}  c {row['c']:.3f}  r {row['r']:.2f}  "
+                f"predicted {row['predicted_k']:.2f}x  measured {row['measured']:.2f}x "
+                f"({row['measured_min']:.2f}-{row['measured_max']:.2f})")
+        del engines, runs
     best = max(rows, key=lambda r: r["measured"])
     sweep, T = [], best["temperature"]
-    spec = next(s for lab, s, _ in (configs or CONFIGS) if lab == best["proposer"])
+    spec = {**next(s for lab, s, _ in configs if lab == best["proposer"]), "gamma": best["gamma"]}
     for b in batches:                                                # does speculation still pay as the batch grows?
         pb = ps if b <= len(ps) else held_out_prompts(tok, b)        # at least b requests, so b of them run together
-        plain = run_once(net, tok, pb, T, max_tokens, batch=b)
-        sp = run_once(net, tok, pb, T, max_tokens, {**spec, "gamma": best["gamma"]}, batch=b)
-        sweep.append({"batch": b, "plain_tok_s": plain["tokens"] / plain["decode_seconds"],
-                      "spec_tok_s": sp["tokens"] / sp["decode_seconds"],
-                      "speedup": plain["decode_seconds"] / sp["decode_seconds"],
+        engines = {"plain": start_engine(net, tok, pb[0], T, batch=b),
+                   "spec": start_engine(net, tok, pb[0], T, spec, b)}
+        runs = interleaved_runs(engines, pb, T, max_tokens, repeats)
+        speedups = [p["decode_seconds"] / s["decode_seconds"] for p, s in zip(runs["plain"], runs["spec"])]
+        med = {k: {f: statistics.median(r[f] for r in runs[k]) for f in ("decode_seconds", "step_mean", "tokens")}
+               for k in runs}
+        sweep.append({"batch": b, "plain_tok_s": med["plain"]["tokens"] / med["plain"]["decode_seconds"],
+                      "spec_tok_s": med["spec"]["tokens"] / med["spec"]["decode_seconds"],
+                      "speedup": statistics.median(speedups), "speedup_min": min(speedups),
+                      "speedup_max": max(speedups),
                       # the speedup's two factors: tokens each sequence gains per step, over the step's cost
-                      "tokens_per_step": sp["stats"]["emitted"] / max(sp["stats"]["rows"], 1),
-                      "plain_step_ms": plain["step_mean"] * 1e3, "spec_step_ms": sp["step_mean"] * 1e3,
-                      "plain_rows_per_step": _rows_per_step(plain), "spec_rows_per_step": _rows_per_step(sp)})
-        log(f"  batch {b}: {best['proposer']} gamma {best['gamma']} at T={T:g}: {sweep[-1]['speedup']:.2f}x")
+                      "tokens_per_step": statistics.median(r["stats"]["emitted"] / max(r["stats"]["rows"], 1)
+                                                           for r in runs["spec"]),
+                      "plain_step_ms": med["plain"]["step_mean"] * 1e3, "spec_step_ms": med["spec"]["step_mean"] * 1e3,
+                      "plain_rows_per_step": _rows_per_step(runs["plain"][0]),
+                      "spec_rows_per_step": _rows_per_step(runs["spec"][0])})
+        log(f"  batch {b}: {best['proposer']} gamma {best['gamma']} at T={T:g}: {sweep[-1]['speedup']:.2f}x "
+            f"({min(speedups):.2f}-{max(speedups):.2f})")
     return {"bench": "spec", "model": str(model), "prompts": prompts, "prompt_tokens": len(ps[0]),
-            "max_tokens": max_tokens, "threads": torch.get_num_threads(),
-            "t1_ms": {str(T): p["step_mean"] * 1e3 for T, p in plains.items()},
+            "max_tokens": max_tokens, "threads": torch.get_num_threads(), "repeats": repeats,
+            "t1_ms": {str(T): statistics.median(p["step_mean"] for p in ps_) * 1e3 for T, ps_ in plains.items()},
             "rows": rows,
-            "best": {k: best[k] for k in ("proposer", "gamma", "temperature", "measured", "wall_speedup")},
+            "best": {k: best[k] for k in ("proposer", "gamma", "temperature", "measured", "measured_min",
+                                          "measured_max", "wall_speedup")},
             "batch_sweep": sweep,
             "goals": {"within_15pct": all(abs(r["measured"] / r["predicted_k"] - 1) <= 0.15 for r in rows),
                       "best_at_least_2x": best["measured"] >= 2.0}}
@@ -145,24 +199,26 @@ def print_table(res: dict):
     """One line per (temperature, proposer, gamma), 80 columns wide: alpha, accepted / drafted, the costs c and
     r, tokens per target step, the predicted (with the drafts made) and measured decode speedups."""
     print(f"{res['model']}: {res['prompts']} held-out prompts of {res['prompt_tokens']} tokens, "
-          f"{res['max_tokens']} new, batch 1, {res['threads']} threads; plain decode step " +
-          ", ".join(f"{v:.2f} ms at T={k}" for k, v in res["t1_ms"].items()))
+          f"{res['max_tokens']} new, batch 1, {res['threads']} threads; medians of {res['repeats']} interleaved "
+          "rounds; plain decode step " + ", ".join(f"{v:.2f} ms at T={k}" for k, v in res["t1_ms"].items()))
     cols = [("alpha", "alpha"), ("acceptance", "acc/dr"), ("c", "c"), ("r", "r"), ("tokens_per_step", "tok/st"),
             ("predicted_k", "pred"), ("measured", "meas")]
-    print(f"{'T':>3} {'proposer':<14}{'gamma':>5}" + "".join(f"{h:>7}" for _, h in cols) + "  same")
+    print(f"{'T':>3} {'proposer':<14}{'gamma':>5}" + "".join(f"{h:>7}" for _, h in cols) + f"{'range':>11}  same")
     for r in res["rows"]:
         print(f"{r['temperature']:>3g} {r['proposer']:<14}{r['gamma']:>5}" +
               "".join(f"{r.get(c, float('nan')):>7.2f}" for c, _ in cols) +
+              f"{r['measured_min']:>6.2f}-{r['measured_max']:<4.2f}"
               f"  {r['same_as_plain'] if r['temperature'] == 0 else '-'}")
     print("acc/dr: accepted / drafted; tok/st: tokens per target step; pred: predicted speedup (drafts made); "
-          "meas: measured")
+          "meas: measured (median); range: its min-max over the rounds")
     b = res["best"]
     print(f"the best configuration ({b['proposer']} gamma {b['gamma']}, T={b['temperature']:g}) as the batch grows:")
     for s in res["batch_sweep"]:
         print(f"batch {s['batch']:>3}: plain {s['plain_tok_s']:8.0f} tok/s, speculative {s['spec_tok_s']:8.0f} tok/s, "
-              f"{s['speedup']:.2f}x")
+              f"{s['speedup']:.2f}x ({s['speedup_min']:.2f}-{s['speedup_max']:.2f})")
     b, g = res["best"], res["goals"]
-    print(f"best: {b['proposer']} gamma {b['gamma']} at T={b['temperature']:g}: {b['measured']:.2f}x decode, "
+    print(f"best: {b['proposer']} gamma {b['gamma']} at T={b['temperature']:g}: {b['measured']:.2f}x decode "
+          f"({b['measured_min']:.2f}-{b['measured_max']:.2f}), "
           f"{b['wall_speedup']:.2f}x wall-clock; goals: measured within 15% of predicted_k for every row: "
           f"{g['within_15pct']}; best >= 2x: {g['best_at_least_2x']}")
 
@@ -201,6 +257,7 @@ def add_parser(sub):
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds per engine (medians and spread)")
     p.add_argument("--quick", action="store_true", help="4 prompts, 32 tokens, one gamma per proposer: a smoke test")
     p.add_argument("--json", default=None)
     p.set_defaults(run=run_cli)
@@ -208,8 +265,8 @@ def add_parser(sub):
 
 def run_cli(a) -> dict:
     if a.quick:
-        res = bench_spec(a.model, a.tokenizer, 4, 32, configs=QUICK, batches=(1, 4))
+        res = bench_spec(a.model, a.tokenizer, 4, 32, configs=QUICK, batches=(1, 4), repeats=a.repeats)
     else:
-        res = bench_spec(a.model, a.tokenizer, a.prompts, a.max_tokens)
+        res = bench_spec(a.model, a.tokenizer, a.prompts, a.max_tokens, repeats=a.repeats)
     print_table(res)
     return res
