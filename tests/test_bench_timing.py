@@ -28,9 +28,9 @@ def test_medians_spreads_and_paired_ratios():
     assert t.speedup_text("fast", "slow") == "2.00x (1.50-3.00 over 3 rounds)"
 
 
-def test_the_clock_times_a_run_that_returns_none():
+def test_the_clock_times_a_run_that_returns_anything_but_a_number():
     ticks = iter([0.0, 0.25, 1.0, 1.75])
-    t = interleaved({"a": lambda: None, "b": lambda: None}, repeats=1, warmup=0, clock=ticks.__next__)
+    t = interleaved({"a": lambda: None, "b": lambda: [1.0, 2.0]}, repeats=1, warmup=0, clock=ticks.__next__)
     assert t.samples == {"a": [0.25], "b": [0.75]}
 
 

@@ -61,8 +61,9 @@ def bench_lora(model: str = "shakespeare", adapters=SHIPPED, seqs: int = 32, pro
         res["runs"][label] = {"tok_s_median": tokens / statistics.median(seconds[label]),
                               "tok_s_all": [tokens / s for s in seconds[label]]}
     ratios = [m / x for m, x in zip(seconds["merged"], seconds["lora mixed"])]      # per round, side by side
-    res["mixed_over_merged"] = statistics.median(ratios)
-    res["x1_over_merged"] = statistics.median([m / x for m, x in zip(seconds["merged"], seconds["lora x1"])])
+    x1 = [m / x for m, x in zip(seconds["merged"], seconds["lora x1"])]
+    res["mixed_over_merged"], res["x1_over_merged"] = statistics.median(ratios), statistics.median(x1)
+    res["mixed_over_merged_range"], res["x1_over_merged_range"] = (min(ratios), max(ratios)), (min(x1), max(x1))
     first = [i for i in range(seqs) if i % len(ads) == 0]    # the mixed batch's rows of the merged adapter
     res["greedy_equal_to_merged"] = sum(outputs["lora mixed"][i] == outputs["merged"][i] for i in first)
     res["greedy_compared"] = len(first)

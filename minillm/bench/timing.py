@@ -11,15 +11,16 @@ of notebook 07 once read 6.6x slower than the second). So `interleaved`:
 3. keeps every sample: `Timing` reports each setting's median with its min and max, and a ratio between two
    settings as the median of the per-round ratios (each round's pair ran side by side) with their min and max.
 
-A run is a function of no arguments. It may return its own seconds (e.g. the decode seconds an engine's trace
-recorded, leaving out setup it should not be charged for); if it returns None its call is timed by the clock.
+A run is a function of no arguments. It may return its own seconds as a number (e.g. the decode seconds an engine's
+trace recorded, leaving out setup it should not be charged for); if it returns anything else (None, an array, an
+engine's outputs) its call is timed by the clock.
 """
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 
 @dataclass
@@ -79,8 +80,20 @@ def interleaved(runs: dict, repeats: int = 5, warmup: int = 1,
 
 def _seconds(run, clock) -> float:
     t0 = clock()
-    own: Optional[float] = run()
-    took = clock() - t0 if own is None else float(own)
+    own = run()
+    t1 = clock()
+    took = float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) else t1 - t0
     if not took > 0:
         raise ValueError(f"a timed run took {took} s: return a positive number of seconds, or None to be timed")
     return took
+
+
+def decode_run(llm, prompts, params, **generate_options) -> Callable[[], float]:
+    """A run for `interleaved`: the engine serves `prompts` once and is charged its decode steps' seconds per decode
+    token, from its own trace (building the engine and the prompts' prefill are not charged)."""
+    def run() -> float:
+        first = len(llm.engine.trace.steps)
+        llm.generate(prompts, params, **generate_options)
+        dec = [st for st in llm.engine.trace.steps[first:] if st.kind == "decode"]
+        return sum(st.seconds for st in dec) / sum(st.num_decode_tokens for st in dec)
+    return run
