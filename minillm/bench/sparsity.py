@@ -11,7 +11,6 @@ order and beside torch's F.linear; medians of interleaved repeats, in one proces
 from __future__ import annotations
 
 import math
-import statistics
 import time
 
 import numpy as np
@@ -24,6 +23,7 @@ from ..quantization.calibration import with_outlier_channels
 from ..quantization.prune import input_norms, prune_mask, prune_model, scores
 from ..threads import auto_threads
 from .quant import held_out_windows, last_level_cache_bytes, pool_loss
+from .timing import interleaved
 
 SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 METHODS = ("magnitude", "wanda")
@@ -78,19 +78,22 @@ def gemv_speed(N: int = 2048, K: int = 2048, repeats: int = 7, layers: int | Non
             y24 = y.copy()
     want = x.astype(np.float64) @ dense[0].T.astype(np.float64)
     err = float(np.abs(y24 - want).max())
-    times = {label: [] for label in runs}
-    for _ in range(repeats):                                                         # interleaved: same conditions
-        for label, fn in runs.items():
+    def per_layer(fn):
+        def run():
             t = time.perf_counter()
             for i in range(layers):
                 fn(i)
-            times[label].append((time.perf_counter() - t) / layers)
-    med = {label: statistics.median(ts) for label, ts in times.items()}
+            return (time.perf_counter() - t) / layers
+        return run
+    timing = interleaved({label: per_layer(fn) for label, fn in runs.items()}, repeats=repeats, warmup=0)  # warmed
+    med = {label: timing.median(label) for label in runs}
     v, m = sparse[0]
     return {"N": N, "K": K, "layers": layers, "repeats": repeats, "llc_bytes": llc, "threads": threads,
-            "bytes_dense": 4 * N * K, "bytes_24": v.nbytes + m.nbytes, "seconds": med, "max_abs_error": err,
-            "speedup_vs_dense_numba": med["dense numba"] / med["2:4 numba"],
-            "speedup_vs_torch": med["dense torch"] / med["2:4 numba"]}
+            "bytes_dense": 4 * N * K, "bytes_24": v.nbytes + m.nbytes, "seconds": med,
+            "spread": {label: timing.spread(label) for label in runs}, "max_abs_error": err,
+            "speedup_vs_dense_numba": timing.speedup("2:4 numba", "dense numba")[0],
+            "speedup_vs_dense_numba_range": timing.speedup("2:4 numba", "dense numba")[1:],
+            "speedup_vs_torch": timing.speedup("2:4 numba", "dense torch")[0]}
 
 
 def bench_sparsity(model: str = "shakespeare", tokenizer=None, quick: bool = False, windows: int = 25) -> dict:
