@@ -136,7 +136,8 @@ def mask_cost(llm: LLM, batch: int = 8, max_tokens: int = 64, repeats: int = 3) 
         mask = clock[name][0] / max(1, clock[name][1]) * batch
         out[name] = {"step_ms": med * 1e3, "round_step_ms": [x * 1e3 for x in rounds[name]],
                      "plain_round_step_ms": [x * 1e3 for x in rounds["plain"]],
-                     "overhead": statistics.median(paired), "mask_ms_per_step": mask * 1e3, "mask_share": mask / med}
+                     "overhead": statistics.median(paired), "overhead_range": (min(paired), max(paired)),
+                     "mask_ms_per_step": mask * 1e3, "mask_share": mask / med}
     return out
 
 
