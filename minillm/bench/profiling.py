@@ -28,6 +28,7 @@ from ..llama.attention import AttentionMetadata
 from ..llama.kv_cache import KVCache
 from ..llama.tokenizer import BOS
 from ..llama.transformer import Transformer
+from .timing import interleaved
 
 
 @contextlib.contextmanager
@@ -167,6 +168,7 @@ class PrefillDecode:
     n_tokens: int
     prefill_seconds: float       # one model call over all n tokens (median over repeats)
     decode_seconds: float        # n model calls of one token each (median over repeats)
+    speedup_range: tuple = ()    # prefill's speed-up per token over decode, min and max over the rounds
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -202,16 +204,9 @@ def prefill_vs_decode(model: Transformer, n_tokens: int = 64, repeats: int = 3, 
             attn = AttentionMetadata.build(positions, table, torch.tensor([p + 1]), cfg.max_seq_len)
             model(tokens[:, p:p + 1], positions, kv, attn)
 
-    def clock(fn):
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-
-    with torch_threads(threads):
-        prefill(), decode()                                                 # warm-up
-        pre = statistics.median(clock(prefill) for _ in range(repeats))
-        dec = statistics.median(clock(decode) for _ in range(repeats))
-    return PrefillDecode(n_tokens, pre, dec)
+    with torch_threads(threads):                                            # warmed, then rounds taking turns
+        t = interleaved({"prefill": prefill, "decode": decode}, repeats=repeats, warmup=1)
+    return PrefillDecode(n_tokens, t.median("prefill"), t.median("decode"), t.speedup("prefill", "decode")[1:])
 
 
 # ---------------------------------------------------------------------------- KV-cache bytes
