@@ -226,7 +226,7 @@ def print_table(res: dict):
 @torch.inference_mode()
 def pass_cost(model, counts=(1, 2, 4, 8, 16), context: int = 64, repeats: int = 15) -> dict:
     """Why verification is nearly free at batch 1: seconds for one forward that scores n new tokens after
-    `context` cached ones, for each n in counts (median of repeats). -> {n: seconds}."""
+    `context` cached ones, for each n in counts (median of `repeats` rounds, the counts in turn). -> {n: seconds}."""
     from ..llama.attention import AttentionMetadata
     from ..llama.kv_cache import KVCache
     total = context + max(counts)
@@ -235,17 +235,12 @@ def pass_cost(model, counts=(1, 2, 4, 8, 16), context: int = 64, repeats: int = 
     ids = torch.randint(3, model.config.vocab_size, (1, total), generator=torch.Generator().manual_seed(0))
     pos = torch.arange(context)[None]
     model(ids[:, :context], pos, kv, AttentionMetadata.build(pos, table, torch.tensor([context]), 1))
-    out = {}
-    for n in counts:
+    def scoring(n):
         pos = torch.arange(context, context + n)[None]                             # (1, n)
         attn = AttentionMetadata.build(pos, table, torch.tensor([context + n]), 1)
-        times = []
-        for _ in range(repeats + 1):
-            t0 = time.perf_counter()
-            model(ids[:, context:context + n], pos, kv, attn)
-            times.append(time.perf_counter() - t0)
-        out[n] = statistics.median(times[1:])
-    return out
+        return lambda: model(ids[:, context:context + n], pos, kv, attn)
+    t = interleaved({n: scoring(n) for n in counts}, repeats=repeats, warmup=1)   # warmed, the counts in turn
+    return {n: t.median(n) for n in counts}
 
 
 # ---------------------------------------------------------------------------- python -m minillm bench spec
